@@ -1,0 +1,383 @@
+"""MAGRPOConfig: every knob of a training run, with help text, YAML loading and CLI flags.
+
+A config is built from (lowest to highest priority) the dataclass defaults (a CPU run that
+finishes in minutes), a YAML file (``--config configs/paper/tldr.yaml``) and command-line
+flags (``--group-size 4 --max-new-tokens 128``: every field is a kebab-case flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOINT_MODES = ("aligned", "cross")
+FINETUNE_MODES = ("lora", "full")
+DTYPES = ("float32", "bfloat16", "float16")
+LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+
+
+class ConfigError(ValueError):
+    """A configuration value a user can fix; the message says what and how."""
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class MAGRPOConfig:
+    """All settings of a MAGRPO run. Defaults: a short CPU run with SmolLM2-135M + LoRA."""
+
+    # Environment ---------------------------------------------------------------------------
+    env: str = field(
+        default="coophumaneval-v0",
+        metadata=_help("Environment id for llm_marl_envs.make (aliases without -v0 accepted)."),
+    )
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_help("Extra keyword arguments for the env, as JSON, e.g. '{\"max_turns\": 2}'."),
+    )
+    data: str | None = field(
+        default=None,
+        metadata=_help("Dataset for the env: a local file/folder or a Hugging Face dataset id."),
+    )
+    train_split: str | None = field(
+        default=None, metadata=_help("Dataset split for training (None: the env's default).")
+    )
+    eval_split: str | None = field(
+        default=None, metadata=_help("Dataset split for evaluation (None: the env's default).")
+    )
+
+    # Models --------------------------------------------------------------------------------
+    model: str | None = field(
+        default=None,
+        metadata=_help(
+            "Model for every agent: local folder or Hugging Face id (None: SmolLM2-135M-Instruct)."
+        ),
+    )
+    models: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "One model per agent, in the env's possible_agents order (separate models: "
+            "heterogeneous agents). Overrides --model."
+        ),
+    )
+    finetune: str = field(
+        default="lora",
+        metadata=_help(
+            "'lora': one frozen base shared by all agents, one LoRA adapter per agent; "
+            "'full': a separate fully fine-tuned model per agent."
+        ),
+    )
+    lora_rank: int = field(default=8, metadata=_help("LoRA rank r."))
+    lora_alpha: float = field(default=16.0, metadata=_help("LoRA alpha (scaling = alpha / r)."))
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        metadata=_help("Modules that get LoRA adapters, or ['all-linear']."),
+    )
+    dtype: str = field(
+        default="float32", metadata=_help("Model weight dtype: float32 | bfloat16 | float16.")
+    )
+    use_chat_template: bool = field(
+        default=True,
+        metadata=_help(
+            "Wrap each observation in the tokenizer's chat template (off: raw text prompts, "
+            "as the paper does with base models)."
+        ),
+    )
+
+    # MAGRPO --------------------------------------------------------------------------------
+    group_size: int = field(default=4, metadata=_help("G: completions sampled per agent per node."))
+    joint_mode: str = field(
+        default="aligned",
+        metadata=_help(
+            "'aligned': sample g of every agent forms joint action g (G joints); 'cross': "
+            "Cartesian product (G^N joints), a sample credited with the mean over its joints."
+        ),
+    )
+    num_turns: int = field(
+        default=1, metadata=_help("Horizon H of the rollout tree (turns per episode).")
+    )
+    discount: float = field(
+        default=0.9, metadata=_help("gamma: R_j = r_j + gamma * mean(child node returns).")
+    )
+    early_termination_threshold: float | None = field(
+        default=None,
+        metadata=_help("A node whose mean joint reward exceeds this is not expanded further."),
+    )
+    advantage: str = field(
+        default="magrpo",
+        metadata=_help("Advantage estimator by name: magrpo | rloo | remax | reinforce | custom."),
+    )
+    normalize_advantage_std: bool = field(
+        default=False, metadata=_help("Divide each group's advantages by (std + 1e-6).")
+    )
+    loss_type: str = field(
+        default="sequence_sum",
+        metadata=_help(
+            "Loss reduction by name: sequence_sum (paper) | token_mean | sequence_mean | dr_grpo."
+        ),
+    )
+    clip_epsilon: float | None = field(
+        default=None,
+        metadata=_help("PPO-style ratio clipping epsilon (None: plain policy gradient)."),
+    )
+    num_update_epochs: int = field(
+        default=1, metadata=_help("Optimizer steps per rollout (>1 needs importance ratios).")
+    )
+    kl_coef: float = field(
+        default=0.0,
+        metadata=_help(
+            "Weight of the KL penalty to the reference policy (with LoRA: the base model, "
+            "adapters disabled; k3 estimator)."
+        ),
+    )
+
+    # Sampling ------------------------------------------------------------------------------
+    temperature: float = field(default=0.8, metadata=_help("Sampling temperature (training)."))
+    top_p: float = field(default=0.95, metadata=_help("Nucleus sampling top_p (1.0: off)."))
+    top_k: int = field(default=0, metadata=_help("Top-k sampling (0: off)."))
+    max_new_tokens: int = field(default=96, metadata=_help("Max tokens per completion."))
+    eval_temperature: float = field(
+        default=0.0, metadata=_help("Sampling temperature in evaluation (0: greedy).")
+    )
+
+    # Optimisation --------------------------------------------------------------------------
+    learning_rate: float = field(default=1e-4, metadata=_help("AdamW learning rate."))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
+    max_grad_norm: float | None = field(
+        default=1.0, metadata=_help("Clip each agent's gradient norm to this (None: no clipping).")
+    )
+    max_steps: int | None = field(
+        default=20, metadata=_help("Number of training steps (None: use num_epochs).")
+    )
+    num_epochs: float | None = field(
+        default=None,
+        metadata=_help("Passes over the dataset (needs an env with num_items); stops first wins."),
+    )
+    prompts_per_step: int = field(
+        default=1, metadata=_help("Dataset items (episode roots) per training step.")
+    )
+    micro_batch_size: int = field(
+        default=16, metadata=_help("Sequences per forward/backward pass (memory bound).")
+    )
+    seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
+
+    # Output, evaluation, logging -----------------------------------------------------------
+    output_dir: str = field(default="runs/magrpo", metadata=_help("Where everything is written."))
+    save_interval: int = field(
+        default=10, metadata=_help("Write a checkpoint every N steps (0: only the final one).")
+    )
+    save_total_limit: int = field(default=2, metadata=_help("Checkpoints kept (oldest deleted)."))
+    resume: bool = field(
+        default=False, metadata=_help("Continue from the latest checkpoint in output_dir.")
+    )
+    eval_interval: int = field(
+        default=10, metadata=_help("Evaluate every N steps and at the end (0: never).")
+    )
+    eval_size: int = field(default=4, metadata=_help("Items evaluated per evaluation."))
+    log_backends: list[str] = field(
+        default_factory=lambda: ["jsonl", "tensorboard"],
+        metadata=_help(
+            "Metric sinks: jsonl (always on) | tensorboard (used when installed) | wandb."
+        ),
+    )
+    wandb_project: str = field(
+        default="magrpo", metadata=_help("W&B project (only with --log-backends wandb).")
+    )
+    env_workers: int = field(
+        default=8, metadata=_help("Threads stepping branched env copies concurrently.")
+    )
+    torch_threads: int | None = field(
+        default=None, metadata=_help("torch.set_num_threads (None: torch's default).")
+    )
+    progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
+
+    # ---------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError with one clear paragraph for the first bad value found."""
+
+        def bad(name: str, value: Any, expected: str) -> ConfigError:
+            return ConfigError(
+                f"Invalid configuration: {name}={value!r}. Expected {expected}. Fix it in the "
+                f"YAML file or with --{name.replace('_', '-')} on the command line."
+            )
+
+        positive = (
+            "group_size",
+            "num_turns",
+            "max_new_tokens",
+            "prompts_per_step",
+            "micro_batch_size",
+            "num_update_epochs",
+            "lora_rank",
+            "env_workers",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(name, value, "a positive integer")
+        for name in ("save_interval", "eval_interval", "eval_size", "save_total_limit", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise bad(name, value, "a non-negative integer")
+        if self.joint_mode not in JOINT_MODES:
+            raise bad("joint_mode", self.joint_mode, f"one of {', '.join(JOINT_MODES)}")
+        if self.finetune not in FINETUNE_MODES:
+            raise bad("finetune", self.finetune, f"one of {', '.join(FINETUNE_MODES)}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise bad("discount", self.discount, "a number in [0, 1]")
+        if self.temperature <= 0:
+            raise bad("temperature", self.temperature, "a positive number (training samples)")
+        if self.eval_temperature < 0:
+            raise bad("eval_temperature", self.eval_temperature, "0 (greedy) or more")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", self.top_p, "a number in (0, 1]")
+        if self.learning_rate <= 0:
+            raise bad("learning_rate", self.learning_rate, "a positive number")
+        if self.kl_coef < 0:
+            raise bad("kl_coef", self.kl_coef, "0 or more")
+        if self.clip_epsilon is not None and self.clip_epsilon <= 0:
+            raise bad("clip_epsilon", self.clip_epsilon, "a positive number or None")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise bad("max_grad_norm", self.max_grad_norm, "a positive number or None")
+        if self.max_steps is None and self.num_epochs is None:
+            raise bad("max_steps", None, "a step count, or set num_epochs")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise bad("max_steps", self.max_steps, "a positive integer")
+        if self.num_epochs is not None and self.num_epochs <= 0:
+            raise bad("num_epochs", self.num_epochs, "a positive number")
+        if self.num_update_epochs > 1 and self.clip_epsilon is None:
+            raise ConfigError(
+                f"Invalid configuration: num_update_epochs={self.num_update_epochs} reuses each "
+                "rollout for several optimizer steps, which is off-policy after the first one "
+                "and needs clipped importance ratios. Set --clip-epsilon (e.g. 0.2) or use "
+                "--num-update-epochs 1."
+            )
+        if self.models is not None and len(self.models) == 0:
+            raise bad("models", self.models, "a non-empty list, one model per agent")
+        unknown = [b for b in self.log_backends if b not in LOG_BACKENDS]
+        if unknown:
+            raise bad("log_backends", self.log_backends, f"a list from {', '.join(LOG_BACKENDS)}")
+        if not isinstance(self.env_kwargs, dict):
+            raise bad("env_kwargs", self.env_kwargs, "a JSON object / mapping")
+        # Registries are checked here too, so a typo fails before any model is loaded.
+        from magrpo.advantages import available_advantages
+        from magrpo.losses import available_losses
+
+        if self.advantage not in available_advantages():
+            raise bad("advantage", self.advantage, f"one of {', '.join(available_advantages())}")
+        if self.loss_type not in available_losses():
+            raise bad("loss_type", self.loss_type, f"one of {', '.join(available_losses())}")
+
+    # ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> MAGRPOConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> MAGRPOConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        normalised = {str(k).replace("-", "_"): v for k, v in values.items()}
+        unknown = sorted(set(normalised) - names)
+        if unknown:
+            raise ConfigError(
+                f"Unknown configuration key(s): {', '.join(unknown)}. Known keys: "
+                f"{', '.join(sorted(names))}."
+            )
+        return cls(**normalised)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> MAGRPOConfig:
+        return cls.from_dict({**load_yaml(path), **overrides})
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"Cannot read config file {path}: {error}.") from error
+    values = yaml.safe_load(text) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"Config file {path} must hold a mapping of field: value.")
+    return values
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(MAGRPOConfig)
+
+
+def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    """Map a type annotation to (argparse type callable, extra add_argument kwargs)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    optional = origin in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        (annotation,) = [a for a in args if a is not type(None)]
+        origin = typing.get_origin(annotation)
+
+    def maybe_none(convert: Any) -> Any:
+        def parse(text: str) -> Any:
+            if optional and text.lower() in ("none", "null"):
+                return None
+            return convert(text)
+
+        parse.__name__ = getattr(convert, "__name__", "value")
+        return parse
+
+    if annotation is bool:
+        return None, {"action": argparse.BooleanOptionalAction}
+    if origin is list:
+        return maybe_none(str), {"nargs": "+"}
+    if origin is dict:
+        return maybe_none(json.loads), {}
+    if annotation in (int, float, str):
+        return maybe_none(annotation), {}
+    raise TypeError(f"unsupported config type {annotation}")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m magrpo.train",
+        description="Train LLM agents with MAGRPO on a PettingZoo text environment.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="YAML file of config values (flags override it).")
+    hints = _field_types()
+    for f in dataclasses.fields(MAGRPOConfig):
+        convert, extra = _parser_for(hints[f.name])
+        kwargs: dict[str, Any] = {"help": f.metadata.get("help", ""), "dest": f.name, **extra}
+        if convert is not None:
+            kwargs["type"] = convert
+        parser.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> MAGRPOConfig:
+    """Parse CLI flags (and an optional --config YAML file) into a validated config."""
+    parsed = vars(build_arg_parser().parse_args(argv))
+    config_path = parsed.pop("config", None)
+    values = load_yaml(config_path) if config_path else {}
+    values = {str(k).replace("-", "_"): v for k, v in values.items()}
+    values.update(parsed)
+    if "models" in values and values["models"] and len(values["models"]) == 1:
+        values["models"] = values["models"][0].split(",")
+    return MAGRPOConfig.from_dict(values)

@@ -1,0 +1,211 @@
+"""Tree rollouts over any PettingZoo ParallelEnv with text observations and actions.
+
+For each episode root, every agent samples G completions from its observation; joint
+actions are formed (aligned: sample g of every agent, G joints; cross: the Cartesian
+product, G^N joints); each joint action is stepped on its own deep copy of the env (the
+copies are stepped concurrently). With several turns, each joint action whose episode is
+still running becomes a child node that samples a fresh group from that branch's next
+observations. Returns: R_j = r_j + discount * mean(returns of the child's joints).
+All nodes of one depth, over all roots, are sampled in one batched call.
+
+The result is plain records (``Node``, ``JointOutcome``, ``Completion``); advantages and
+losses are computed elsewhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Completion:
+    """One sampled answer of one agent."""
+
+    agent: str
+    text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]  # up to and including the first EOS; no padding
+    finished: bool  # True when it ended with EOS (False: cut at max_new_tokens)
+
+
+@dataclass
+class JointOutcome:
+    """One joint action of a node (``actions[i]`` = sample index of agent i) and its result."""
+
+    actions: tuple[int, ...]
+    reward: float
+    reward_parts: dict[str, float]
+    done: bool
+    child: int | None = None
+    value: float = float("nan")  # the return R_j, filled by compute_returns
+
+
+@dataclass
+class Node:
+    """One group: the G samples of every acting agent at one observation of one branch."""
+
+    node_id: int
+    root: int
+    turn: int
+    parent: int | None
+    agents: list[str]
+    observations: dict[str, str]
+    samples: dict[str, list[Completion]] = field(default_factory=dict)
+    joints: list[JointOutcome] = field(default_factory=list)
+    sample_returns: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutResult:
+    nodes: list[Node]
+    num_roots: int
+    seconds_generate: float = 0.0
+    seconds_env: float = 0.0
+    generated_tokens: int = 0
+
+    def nodes_at_turn(self, turn: int) -> list[Node]:
+        return [node for node in self.nodes if node.turn == turn]
+
+    @property
+    def num_turns_reached(self) -> int:
+        return 1 + max(node.turn for node in self.nodes)
+
+
+# sample_fn(requests=[(agent, observation), ...], num_samples) -> one list of samples per request
+SampleFn = Callable[[Sequence[tuple[str, str]], int], list[list[Completion]]]
+
+
+def joint_actions(num_agents: int, group_size: int, joint_mode: str) -> list[tuple[int, ...]]:
+    if joint_mode == "aligned":
+        return [(g,) * num_agents for g in range(group_size)]
+    if joint_mode == "cross":
+        return list(itertools.product(range(group_size), repeat=num_agents))
+    raise ValueError(f"unknown joint_mode {joint_mode!r} (aligned | cross)")
+
+
+def _step_branch(env: Any, actions: dict[str, str]) -> tuple[Any, dict, float, dict, bool]:
+    branch = copy.deepcopy(env)
+    observations, rewards, terminations, truncations, infos = branch.step(actions)
+    reward = float(np.mean([float(rewards[a]) for a in actions])) if rewards else 0.0
+    parts: dict[str, float] = {}
+    for agent in actions:
+        found = (infos.get(agent) or {}).get("reward_parts")
+        if found:
+            parts = {str(k): float(v) for k, v in found.items()}
+            break
+    done = not branch.agents or all(
+        terminations.get(a, False) or truncations.get(a, False) for a in actions
+    )
+    return branch, observations, reward, parts, done
+
+
+def run_rollout(
+    root_envs: Sequence[Any],
+    root_observations: Sequence[dict[str, str]],
+    sample_fn: SampleFn,
+    executor: Executor,
+    *,
+    group_size: int,
+    joint_mode: str = "aligned",
+    num_turns: int = 1,
+    discount: float = 1.0,
+    early_termination_threshold: float | None = None,
+) -> RolloutResult:
+    """Expand the rollout tree of every root (an env right after ``reset``)."""
+    nodes: list[Node] = []
+    frontier: list[tuple[Node, Any]] = []
+    for root, (env, observations) in enumerate(zip(root_envs, root_observations, strict=True)):
+        agents = list(env.agents)
+        node = Node(len(nodes), root, 0, None, agents, {a: observations[a] for a in agents})
+        nodes.append(node)
+        frontier.append((node, env))
+    result = RolloutResult(nodes, len(root_envs))
+
+    while frontier:
+        requests = [(a, node.observations[a]) for node, _ in frontier for a in node.agents]
+        started = time.perf_counter()
+        groups = iter(sample_fn(requests, group_size))
+        result.seconds_generate += time.perf_counter() - started
+        for node, _ in frontier:
+            for agent in node.agents:
+                node.samples[agent] = next(groups)
+                result.generated_tokens += sum(len(c.completion_ids) for c in node.samples[agent])
+
+        started = time.perf_counter()
+        jobs = []
+        for node, env in frontier:
+            for actions in joint_actions(len(node.agents), group_size, joint_mode):
+                texts = {
+                    a: node.samples[a][g].text for a, g in zip(node.agents, actions, strict=True)
+                }
+                jobs.append((node, actions, executor.submit(_step_branch, env, texts)))
+        next_frontier: list[tuple[Node, Any]] = []
+        pending: dict[int, list[tuple[JointOutcome, Any, dict]]] = {}
+        for node, actions, future in jobs:
+            branch, observations, reward, parts, done = future.result()
+            outcome = JointOutcome(actions, reward, parts, done)
+            node.joints.append(outcome)
+            pending.setdefault(node.node_id, []).append((outcome, branch, observations))
+        result.seconds_env += time.perf_counter() - started
+
+        for node, _ in frontier:
+            mean_reward = float(np.mean([j.reward for j in node.joints]))
+            expand = node.turn + 1 < num_turns and not (
+                early_termination_threshold is not None
+                and mean_reward > early_termination_threshold
+            )
+            if not expand:
+                continue
+            for outcome, branch, observations in pending[node.node_id]:
+                if outcome.done:
+                    continue
+                agents = list(branch.agents)
+                child = Node(
+                    len(nodes),
+                    node.root,
+                    node.turn + 1,
+                    node.node_id,
+                    agents,
+                    {a: observations[a] for a in agents},
+                )
+                outcome.child = child.node_id
+                nodes.append(child)
+                next_frontier.append((child, branch))
+        frontier = next_frontier
+
+    compute_returns(nodes, discount)
+    return result
+
+
+def compute_returns(nodes: list[Node], discount: float) -> None:
+    """Fill ``JointOutcome.value`` bottom-up and each agent's credited ``sample_returns``.
+
+    Children always have larger ids than their parents, so one reverse pass suffices.
+    An agent's sample is credited with the mean return over the joints that contain it
+    (aligned mode: exactly one joint).
+    """
+    for node in reversed(nodes):
+        for outcome in node.joints:
+            outcome.value = outcome.reward
+            if outcome.child is not None:
+                child_values = [j.value for j in nodes[outcome.child].joints]
+                outcome.value += discount * float(np.mean(child_values))
+        node.sample_returns = {}
+        for index, agent in enumerate(node.agents):
+            group = len(node.samples[agent])
+            totals = [0.0] * group
+            counts = [0] * group
+            for outcome in node.joints:
+                totals[outcome.actions[index]] += outcome.value
+                counts[outcome.actions[index]] += 1
+            node.sample_returns[agent] = [
+                t / max(c, 1) for t, c in zip(totals, counts, strict=True)
+            ]

@@ -1,0 +1,554 @@
+"""The MAGRPO training loop: rollout -> advantages -> loss -> optimizer step.
+
+``MAGRPOTrainer`` works with any PettingZoo ParallelEnv whose observations and actions are
+text. Each phase is a method a subclass may override (``collect``, ``build_samples``,
+``update``, ``evaluate``); advantage estimators and loss reductions are looked up by name in
+registries, so a new algorithm usually needs no subclass at all (see
+``examples/custom_algorithm.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from magrpo.advantages import compute_advantages
+from magrpo.agents import Policies, SamplingParams, load_policies
+from magrpo.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from magrpo.checkpoint import set_rng_state as restore_rng_state
+from magrpo.config import MAGRPOConfig
+from magrpo.logging_utils import MetricsLogger
+from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
+from magrpo.rollout import Completion, RolloutResult, run_rollout
+
+logger = logging.getLogger(__name__)
+
+
+class IncompatibleEnvError(TypeError):
+    """An environment that does not speak text (or lacks the ParallelEnv API)."""
+
+
+@dataclass
+class TrainSample:
+    """One completion with its advantage, ready for the loss."""
+
+    completion: Completion
+    advantage: float
+
+    @property
+    def agent(self) -> str:
+        return self.completion.agent
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps: int
+    last_reward: float
+    best_reward: float
+    last_eval_reward: float | None
+    adapters_dir: Path
+    metrics_path: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class DataOrder:
+    """Dataset indices in a seeded shuffled order, epoch after epoch (None: seeds only)."""
+
+    def __init__(self, num_items: int | None, seed: int):
+        self.num_items = num_items
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self.consumed = 0
+
+    def _order(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+
+    def next(self) -> tuple[int | None, int]:
+        """(dataset index or None, reset seed) of the next episode root."""
+        reset_seed = (self.seed * 1_000_003 + self.consumed) % (2**31 - 1)
+        self.consumed += 1
+        if self.num_items is None:
+            return None, reset_seed
+        index = int(self._order()[self.position])
+        self.position += 1
+        if self.position == self.num_items:
+            self.epoch, self.position = self.epoch + 1, 0
+        return index, reset_seed
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position, self.consumed = (
+            state["epoch"],
+            state["position"],
+            state["consumed"],
+        )
+
+
+def check_text_env(env: Any) -> list[str]:
+    """Raise IncompatibleEnvError unless every agent observes and acts in text."""
+    agents = list(getattr(env, "possible_agents", []) or [])
+    if not agents or not hasattr(env, "step") or not hasattr(env, "reset"):
+        raise IncompatibleEnvError(
+            f"{type(env).__name__} is not a PettingZoo ParallelEnv with possible_agents, reset "
+            "and step: MAGRPO needs the parallel API (wrap AEC envs with aec_to_parallel)."
+        )
+    for agent in agents:
+        for kind in ("observation_space", "action_space"):
+            space = getattr(env, kind)(agent)
+            if not isinstance(space, spaces.Text):
+                raise IncompatibleEnvError(
+                    f"{type(env).__name__}.{kind}({agent!r}) is {space!r}, not a "
+                    "gymnasium.spaces.Text: LLM agents read and write text, so MAGRPO only trains "
+                    "on environments whose observations and actions are strings."
+                )
+    return agents
+
+
+class MAGRPOTrainer:
+    """Train one policy per agent of ``env`` with MAGRPO (see ``MAGRPOConfig``)."""
+
+    def __init__(
+        self,
+        config: MAGRPOConfig,
+        env: Any,
+        eval_env: Any | None = None,
+        policies: Policies | None = None,
+        model_resolver: Callable[[str | None], str] | None = None,
+    ):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        self.config = config
+        self.env = env
+        self.eval_env = eval_env
+        self.agents = check_text_env(env)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        set_seed(config.seed)
+        self.policies = policies or self._load_policies(model_resolver)
+        missing = [a for a in self.agents if a not in self.policies.backend_of]
+        if missing:
+            raise ValueError(f"no policy for agent(s) {missing}")
+        self.optimizers = {
+            agent: self.accelerator.prepare_optimizer(
+                torch.optim.AdamW(
+                    list(self.policies.named_trainable_parameters(agent).values()),
+                    lr=config.learning_rate,
+                    weight_decay=config.weight_decay,
+                )
+            )
+            for agent in self.agents
+        }
+        num_items = getattr(env, "num_items", None)
+        self.data_order = DataOrder(
+            num_items if isinstance(num_items, int) and not isinstance(num_items, bool) else None,
+            config.seed,
+        )
+        self.total_steps = self._total_steps()
+        self.loss_fn = get_loss(config.loss_type)
+        self.train_sampling = SamplingParams(
+            config.max_new_tokens, config.temperature, config.top_p, config.top_k
+        )
+        self.eval_sampling = SamplingParams(
+            config.max_new_tokens, config.eval_temperature, config.top_p, config.top_k
+        )
+        self.executor = ThreadPoolExecutor(max_workers=config.env_workers)
+        self.output_dir = Path(config.output_dir)
+        self.step = 0
+        self.best_reward = -math.inf
+        self.last_reward = math.nan
+        self.last_eval_reward: float | None = None
+
+    # --- setup ---------------------------------------------------------------------------
+    def _load_policies(self, model_resolver: Callable[[str | None], str] | None) -> Policies:
+        config = self.config
+        if model_resolver is None:
+            from magrpo.models import resolve_model as model_resolver
+        names = config.models if config.models else [config.model] * len(self.agents)
+        if len(names) != len(self.agents):
+            raise ValueError(
+                f"--models lists {len(names)} model(s) but the env has {len(self.agents)} agents "
+                f"({', '.join(self.agents)}): give one model per agent, in that order."
+            )
+        resolved: dict[str | None, str] = {}
+        for name in names:
+            if name not in resolved:
+                resolved[name] = model_resolver(name)
+        return load_policies(
+            self.agents,
+            [resolved[name] for name in names],
+            finetune=config.finetune,
+            lora_rank=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_target_modules=config.lora_target_modules,
+            dtype=config.dtype,
+            use_chat_template=config.use_chat_template,
+            need_reference=config.kl_coef > 0,
+            device=self.accelerator.device,
+        )
+
+    def _total_steps(self) -> int:
+        config = self.config
+        if config.num_epochs is None:
+            return int(config.max_steps)
+        if self.data_order.num_items is None:
+            if config.max_steps is None:
+                raise ValueError(
+                    "num_epochs needs an env with an integer num_items (a dataset size); this env "
+                    "has none: set --max-steps instead."
+                )
+            return int(config.max_steps)
+        epoch_steps = math.ceil(
+            config.num_epochs * self.data_order.num_items / config.prompts_per_step
+        )
+        return min(epoch_steps, config.max_steps) if config.max_steps else epoch_steps
+
+    # --- one step --------------------------------------------------------------------------
+    def _reset_roots(self, env: Any, items: list[tuple[int | None, int]]):
+        root_envs, root_observations = [], []
+        for index, reset_seed in items:
+            options = {"index": index} if index is not None else None
+            observations, _ = env.reset(seed=reset_seed, options=options)
+            root_envs.append(copy.deepcopy(env))
+            root_observations.append(observations)
+        return root_envs, root_observations
+
+    def collect(self) -> RolloutResult:
+        """Sample the rollout trees of ``prompts_per_step`` new episodes."""
+        config = self.config
+        items = [self.data_order.next() for _ in range(config.prompts_per_step)]
+        root_envs, root_observations = self._reset_roots(self.env, items)
+        return run_rollout(
+            root_envs,
+            root_observations,
+            lambda requests, n: self.policies.sample(requests, n, self.train_sampling),
+            self.executor,
+            group_size=config.group_size,
+            joint_mode=config.joint_mode,
+            num_turns=config.num_turns,
+            discount=config.discount,
+            early_termination_threshold=config.early_termination_threshold,
+        )
+
+    def build_samples(self, rollout: RolloutResult) -> tuple[list[TrainSample], dict[str, float]]:
+        """Group-relative advantages: each node's samples of an agent form one group."""
+        samples: list[TrainSample] = []
+        groups = zero_variance = 0
+        for node in rollout.nodes:
+            for agent in node.agents:
+                returns = torch.tensor(node.sample_returns[agent], dtype=torch.float64)
+                advantages = compute_advantages(
+                    returns, self.config.advantage, self.config.normalize_advantage_std
+                )
+                groups += 1
+                zero_variance += int(bool((returns == returns[0]).all()))
+                samples.extend(
+                    TrainSample(c, float(a))
+                    for c, a in zip(node.samples[agent], advantages.tolist(), strict=True)
+                )
+        return samples, {"zero_variance_group_frac": zero_variance / max(groups, 1)}
+
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        by_model: dict[int, list[TrainSample]] = defaultdict(list)
+        for sample in samples:
+            by_model[self.policies.group_key(sample.agent)].append(sample)
+        batches = []
+        size = self.config.micro_batch_size
+        for key in sorted(by_model):
+            ordered = sorted(
+                by_model[key],
+                key=lambda s: (len(s.completion.prompt_ids), len(s.completion.completion_ids)),
+            )
+            batches.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
+        return batches
+
+    def update(self, samples: list[TrainSample]) -> dict[str, float]:
+        """Policy-gradient update(s) of every agent from one rollout."""
+        config = self.config
+        normalizers = {
+            agent: LossNormalizer(
+                num_sequences=sum(1 for s in samples if s.agent == agent),
+                num_tokens=sum(
+                    len(s.completion.completion_ids) for s in samples if s.agent == agent
+                ),
+                max_new_tokens=config.max_new_tokens,
+            )
+            for agent in self.agents
+        }
+        use_kl = config.kl_coef > 0
+        # Without a KL term a zero advantage contributes exactly zero gradient: skip it.
+        active = samples if use_kl else [s for s in samples if s.advantage != 0.0]
+        batches = self._micro_batches(active)
+        metrics: dict[str, float] = defaultdict(float)
+        old_logprobs: dict[int, torch.Tensor] = {}
+        ref_logprobs: dict[int, torch.Tensor] = {}
+        kl_sum = kl_tokens = 0.0
+        for epoch in range(config.num_update_epochs):
+            for b, batch in enumerate(batches):
+                current = self.policies.logprobs([s.completion for s in batch])
+                if epoch == 0:
+                    old_logprobs[b] = current.logprobs.detach()
+                    if use_kl:
+                        ref_logprobs[b] = self.policies.logprobs(
+                            [s.completion for s in batch], reference=True
+                        ).logprobs
+                advantages = torch.tensor(
+                    [s.advantage for s in batch], device=current.logprobs.device
+                )
+                token_loss, kl = policy_token_loss(
+                    current.logprobs,
+                    advantages,
+                    old_logprobs[b] if config.clip_epsilon is not None else None,
+                    config.clip_epsilon,
+                    ref_logprobs.get(b),
+                    config.kl_coef,
+                )
+                loss = torch.zeros((), device=token_loss.device)
+                for agent in {s.agent for s in batch}:
+                    rows = torch.tensor([i for i, s in enumerate(batch) if s.agent == agent])
+                    agent_loss = self.loss_fn(
+                        token_loss[rows], current.mask[rows], normalizers[agent]
+                    )
+                    loss = loss + agent_loss
+                    if epoch == 0:
+                        metrics[f"loss/{agent}"] += float(agent_loss.detach())
+                self.accelerator.backward(loss)
+                if epoch == 0:
+                    metrics["loss"] += float(loss.detach())
+                    if kl is not None:
+                        kl_sum += float((kl.detach() * current.mask).sum())
+                        kl_tokens += float(current.mask.sum())
+            for agent in self.agents:
+                params = [p for p in self.policies.named_trainable_parameters(agent).values()]
+                if all(p.grad is None for p in params):
+                    continue
+                if config.max_grad_norm is not None:
+                    norm = self.accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                    if epoch == 0:
+                        metrics[f"grad_norm/{agent}"] = float(norm)
+                self.optimizers[agent].step()
+                self.optimizers[agent].zero_grad(set_to_none=True)
+        if kl_tokens:
+            metrics["kl"] = kl_sum / kl_tokens
+        metrics["trained_sequences"] = float(len(active))
+        return dict(metrics)
+
+    def train_step(self) -> dict[str, float]:
+        started = time.perf_counter()
+        rollout = self.collect()
+        samples, sample_metrics = self.build_samples(rollout)
+        update_started = time.perf_counter()
+        update_metrics = self.update(samples)
+        update_seconds = time.perf_counter() - update_started
+        metrics = {
+            **rollout_metrics(rollout),
+            **sample_metrics,
+            **update_metrics,
+            "tokens_per_second": rollout.generated_tokens / max(rollout.seconds_generate, 1e-9),
+            "time/generate": rollout.seconds_generate,
+            "time/env": rollout.seconds_env,
+            "time/update": update_seconds,
+            "time/step": time.perf_counter() - started,
+            "epoch": self.data_order.epoch
+            + self.data_order.position / (self.data_order.num_items or 1),
+        }
+        for agent in self.agents:
+            lengths = [len(s.completion.completion_ids) for s in samples if s.agent == agent]
+            finished = [s.completion.finished for s in samples if s.agent == agent]
+            metrics[f"completion_length/{agent}"] = float(np.mean(lengths))
+            metrics[f"completion_finished_frac/{agent}"] = float(np.mean(finished))
+        return metrics
+
+    # --- evaluation ------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Roll out ``eval_size`` items of the eval env with the eval sampling settings."""
+        env = self.eval_env if self.eval_env is not None else self.env
+        num_items = getattr(env, "num_items", None)
+        count = (
+            min(self.config.eval_size, num_items)
+            if isinstance(num_items, int)
+            else self.config.eval_size
+        )
+        items = [
+            (i if isinstance(num_items, int) else None, self.config.seed + 10**6 + i)
+            for i in range(count)
+        ]
+        with torch.random.fork_rng(devices=[]):
+            root_envs, root_observations = self._reset_roots(env, items)
+            rollout = run_rollout(
+                root_envs,
+                root_observations,
+                lambda requests, n: self.policies.sample(requests, n, self.eval_sampling),
+                self.executor,
+                group_size=1,
+                num_turns=self.config.num_turns,
+                discount=self.config.discount,
+            )
+        return {f"eval/{k}": v for k, v in rollout_metrics(rollout).items()}
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "weights": {
+                agent: {
+                    n: p.detach().clone()
+                    for n, p in self.policies.named_trainable_parameters(agent).items()
+                }
+                for agent in self.agents
+            },
+            "optimizers": {agent: opt.state_dict() for agent, opt in self.optimizers.items()},
+            "rng": rng_state(),
+            "data_order": self.data_order.state_dict(),
+            "best_reward": self.best_reward,
+            "last_reward": self.last_reward,
+            "last_eval_reward": self.last_eval_reward,
+            "config": self.config.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for agent in self.agents:
+                params = self.policies.named_trainable_parameters(agent)
+                for name, value in state["weights"][agent].items():
+                    params[name].copy_(value)
+        for agent, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][agent])
+        self.data_order.load_state_dict(state["data_order"])
+        self.step = state["step"]
+        self.best_reward = state["best_reward"]
+        self.last_reward = state["last_reward"]
+        self.last_eval_reward = state["last_eval_reward"]
+        restore_rng_state(state["rng"])
+
+    def save_checkpoint(self) -> Path:
+        return save_checkpoint(
+            self.output_dir, self.step, self.state_dict(), self.config.save_total_limit
+        )
+
+    def save_final(self) -> Path:
+        folder = self.output_dir / ("models" if self.config.finetune == "full" else "adapters")
+        for agent in self.agents:
+            self.policies.save_agent(agent, folder)
+        return folder
+
+    # --- the loop --------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        config = self.config
+        resume_step = None
+        if config.resume:
+            checkpoint = latest_checkpoint(self.output_dir)
+            if checkpoint is None:
+                logger.warning("--resume: no checkpoint in %s, starting fresh", self.output_dir)
+            else:
+                self.load_state_dict(load_checkpoint(checkpoint))
+                resume_step = self.step
+                logger.info("resumed from %s (step %d)", checkpoint, self.step)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        metrics_logger = MetricsLogger(
+            self.output_dir,
+            config.log_backends,
+            config.to_dict(),
+            config.wandb_project,
+            resume_step,
+        )
+        history: list[dict[str, Any]] = []
+        progress = _progress_bar(config.progress_bar, self.total_steps, self.step)
+        try:
+            while self.step < self.total_steps:
+                metrics = self.train_step()
+                self.step += 1
+                self.last_reward = metrics["reward/mean"]
+                self.best_reward = max(self.best_reward, self.last_reward)
+                eval_due = config.eval_interval and (
+                    self.step % config.eval_interval == 0 or self.step == self.total_steps
+                )
+                if eval_due:
+                    eval_started = time.perf_counter()
+                    metrics.update(self.evaluate())
+                    metrics["time/eval"] = time.perf_counter() - eval_started
+                    self.last_eval_reward = metrics["eval/reward/mean"]
+                metrics_logger.log(metrics, self.step)
+                history.append(metrics)
+                if config.save_interval and self.step % config.save_interval == 0:
+                    self.save_checkpoint()
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(
+                        reward=f"{self.last_reward:.3f}", s_step=f"{metrics['time/step']:.1f}"
+                    )
+            if not list_has_step(self.output_dir, self.step):
+                self.save_checkpoint()
+            adapters_dir = self.save_final()
+        finally:
+            if progress is not None:
+                progress.close()
+            metrics_logger.close()
+        return TrainResult(
+            self.output_dir,
+            self.step,
+            self.last_reward,
+            self.best_reward,
+            self.last_eval_reward,
+            adapters_dir,
+            metrics_logger.path,
+            history,
+        )
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
+def list_has_step(output_dir: Path, step: int) -> bool:
+    latest = latest_checkpoint(output_dir)
+    return latest is not None and latest.name == f"step-{step}"
+
+
+def _progress_bar(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="magrpo", unit="step", dynamic_ncols=True)
+
+
+def rollout_metrics(rollout: RolloutResult) -> dict[str, float]:
+    """Joint reward mean/std per turn, return of the first turn, every reward part's mean."""
+    metrics: dict[str, float] = {}
+    for turn in range(rollout.num_turns_reached):
+        joints = [j for node in rollout.nodes_at_turn(turn) for j in node.joints]
+        rewards = np.array([j.reward for j in joints])
+        prefix = "reward" if turn == 0 else f"turn{turn + 1}/reward"
+        metrics[f"{prefix}/mean"] = float(rewards.mean())
+        metrics[f"{prefix}/std"] = float(rewards.std())
+        parts: dict[str, list[float]] = defaultdict(list)
+        for joint in joints:
+            for name, value in joint.reward_parts.items():
+                parts[name].append(value)
+        part_prefix = "reward_parts" if turn == 0 else f"turn{turn + 1}/reward_parts"
+        for name, values in parts.items():
+            metrics[f"{part_prefix}/{name}"] = float(np.mean(values))
+    metrics["return/mean"] = float(
+        np.mean([j.value for n in rollout.nodes_at_turn(0) for j in n.joints])
+    )
+    metrics["num_nodes"] = float(len(rollout.nodes))
+    return metrics

@@ -1,0 +1,181 @@
+"""Tiny offline models and a tiny text env for the magrpo tests (no downloads).
+
+* ``build_tiny_model(folder)``: a word-level tokenizer (pad == eos == ``<|im_end|>`` like
+  SmolLM2, with a chat template that also contains that token) and a random
+  ``LlamaForCausalLM`` (hidden 64, 2 layers), saved to ``folder``.
+* ``WordGameEnv``: a 2-agent multi-turn text ParallelEnv. Joint reward = fraction of
+  agent alice's words that are vowel-initial + 0.5 when bob writes more words than alice;
+  deterministic, deep-copyable, with named reward parts.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+WORDS = [
+    "apple",
+    "egg",
+    "ice",
+    "owl",
+    "up",
+    "art",
+    "end",
+    "in",
+    "on",
+    "use",
+    "bat",
+    "cat",
+    "dog",
+    "fish",
+    "gold",
+    "hat",
+    "jam",
+    "kit",
+    "lamp",
+    "map",
+    "net",
+    "pen",
+    "quiz",
+    "rat",
+    "sun",
+    "top",
+    "van",
+    "web",
+    "yak",
+    "zip",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "user",
+    "assistant",
+    "say",
+    "words",
+    "more",
+    "again",
+    "feedback",
+    "turn",
+    "reward",
+    "task",
+]
+SPECIALS = ["<pad_unused>", "<|im_start|>", "<|im_end|>", "<unk>", "\n"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} \n {{ m['content'] }} <|im_end|> \n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant \n {% endif %}"
+)
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        pad_token="<|im_end|>",
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+class WordGameEnv(ParallelEnv):
+    """Two agents, text in, text out; reward is a deterministic function of both texts."""
+
+    metadata = {"name": "word_game_v0"}
+    PROMPTS = ["say words", "say more words", "task one", "task two", "words again", "say four"]
+
+    def __init__(self, max_turns: int = 1, num_items: int | None = 6):
+        self.possible_agents = ["alice", "bob"]
+        self.agents: list[str] = []
+        self.max_turns = max_turns
+        if num_items is not None:
+            self.num_items = num_items
+        self.turn = 0
+        self.prompt = ""
+
+    @functools.cache  # noqa: B019
+    def observation_space(self, agent):
+        return spaces.Text(max_length=4096)
+
+    @functools.cache  # noqa: B019
+    def action_space(self, agent):
+        return spaces.Text(max_length=4096)
+
+    def reset(self, seed=None, options=None):
+        index = (options or {}).get("index")
+        if index is None:
+            index = (seed or 0) % len(self.PROMPTS)
+        self.prompt = self.PROMPTS[index % len(self.PROMPTS)]
+        self.turn = 0
+        self.agents = list(self.possible_agents)
+        return {a: f"{self.prompt} {a}" for a in self.agents}, {a: {} for a in self.agents}
+
+    @staticmethod
+    def score(text_a: str, text_b: str) -> dict[str, float]:
+        words_a, words_b = text_a.split(), text_b.split()
+        vowels = sum(w[0] in "aeiou" for w in words_a) / max(len(words_a), 1)
+        return {"vowels": round(vowels, 6), "longer": 0.5 if len(words_b) > len(words_a) else 0.0}
+
+    def step(self, actions):
+        parts = self.score(actions["alice"], actions["bob"])
+        reward = sum(parts.values())
+        self.turn += 1
+        done = self.turn >= self.max_turns
+        observations = {
+            a: f"{self.prompt} again {' '.join(actions[a].split()[:3])} feedback {a}"
+            for a in self.agents
+        }
+        rewards = {a: reward for a in self.agents}
+        terminations = {a: done for a in self.agents}
+        truncations = {a: False for a in self.agents}
+        infos = {a: {"reward_parts": dict(parts)} for a in self.agents}
+        if done:
+            self.agents = []
+        return observations, rewards, terminations, truncations, infos
