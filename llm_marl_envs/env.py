@@ -1,0 +1,146 @@
+"""One PettingZoo ``ParallelEnv`` for every text task.
+
+The environment implements the protocol (reset, step, seeding, turns, termination) and
+delegates the domain to a :class:`~llm_marl_envs.task.Task`. Observations and actions are
+Python strings; every agent receives the same joint reward, with its named breakdown in
+``infos[agent]["reward_parts"]``.
+
+Branching: ``copy.deepcopy(env)`` copies only the episode state (a few strings and an RNG);
+the task and its dataset are shared. Trainers use it to score G joint actions of one node.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from gymnasium.utils import seeding
+from pettingzoo import ParallelEnv
+
+from .errors import ConfigError
+from .spaces import TextObservation, UnicodeText
+from .task import Evaluation, Task
+
+MAX_OBSERVATION_CHARS = 1 << 20
+MAX_ACTION_CHARS = 1 << 16
+
+
+class TextParallelEnv(ParallelEnv):
+    """A multi-turn Dec-POMDP over a dataset of prompts, scored by one joint reward."""
+
+    metadata = {"render_modes": ["human", "ansi"], "name": "text_parallel_v0", "is_parallelizable": True}
+
+    def __init__(self, task: Task, *, max_turns: int = 1, render_mode: str | None = None):
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise ConfigError(f"max_turns must be a positive integer, got {max_turns!r}.")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, "
+                f"got {render_mode!r}."
+            )
+        self.task = task
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.possible_agents = list(task.roles)
+        self.agents: list[str] = []
+        self.np_random, self.np_random_seed = seeding.np_random(None)
+        self.item_index: int | None = None
+        self.turn = 0
+        self._last_actions: dict[str, str] = {}
+        self._last_evaluation: Evaluation | None = None
+
+    @property
+    def num_items(self) -> int:
+        """How many dataset records (episode starts) there are; ``options["index"]`` < this."""
+        return len(self.task.records)
+
+    @functools.cache  # noqa: B019 - spaces are constant per agent, as in PettingZoo's own envs
+    def observation_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(MAX_OBSERVATION_CHARS)
+
+    @functools.cache  # noqa: B019
+    def action_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(MAX_ACTION_CHARS)
+
+    def reset(
+        self, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, dict]]:
+        if seed is not None:
+            self.np_random, self.np_random_seed = seeding.np_random(seed)
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(self.num_items))
+        elif not isinstance(index, int) or not 0 <= index < self.num_items:
+            raise ConfigError(
+                f"options['index'] must be an integer in [0, {self.num_items}), got {index!r}."
+            )
+        self.item_index = index
+        self.turn = 0
+        self.agents = list(self.possible_agents)
+        self._last_actions = {}
+        self._last_evaluation = None
+        infos = {agent: {"index": index, "turn": 0} for agent in self.agents}
+        return _as_observations(self.task.prompts(self.item)), infos
+
+    @property
+    def item(self) -> Mapping[str, Any]:
+        if self.item_index is None:
+            raise RuntimeError("Call reset() before using the environment.")
+        return self.task.records[self.item_index]
+
+    def step(self, actions: Mapping[str, str]):
+        if not self.agents:
+            raise RuntimeError("The episode is over: call reset() before step().")
+        missing = [agent for agent in self.agents if agent not in actions]
+        if missing:
+            raise ValueError(f"step() needs an action for every agent; missing {missing}.")
+        joint_action = {agent: str(actions[agent]) for agent in self.agents}
+        evaluation = self.task.evaluate(self.item, joint_action)
+        self.turn += 1
+        self._last_actions = joint_action
+        self._last_evaluation = evaluation
+
+        reward = evaluation.joint_reward
+        terminated = evaluation.solved
+        truncated = not terminated and self.turn >= self.max_turns
+        if terminated or truncated:
+            observations = _as_observations({agent: "" for agent in self.agents})
+        else:
+            observations = _as_observations(self.task.followups(self.item, joint_action, evaluation))
+        info = {
+            "index": self.item_index,
+            "turn": self.turn,
+            "reward_parts": dict(evaluation.reward_parts),
+            **evaluation.details,
+        }
+        agents = self.agents
+        rewards = {agent: reward for agent in agents}
+        terminations = {agent: terminated for agent in agents}
+        truncations = {agent: truncated for agent in agents}
+        infos = {agent: dict(info) for agent in agents}
+        if terminated or truncated:
+            self.agents = []
+        if self.render_mode == "human":
+            print(self.render())
+        return observations, rewards, terminations, truncations, infos
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            return None
+        lines = [f"[{type(self.task).__name__} item {self.item_index}, turn {self.turn}]"]
+        for agent, text in self._last_actions.items():
+            lines.append(f"--- {agent} ---\n{text}")
+        if self._last_evaluation is not None:
+            lines.append(
+                f"joint reward {self._last_evaluation.joint_reward:.3f} "
+                f"{dict(self._last_evaluation.reward_parts)}"
+            )
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        pass
+
+
+def _as_observations(texts: Mapping[str, str]) -> dict[str, TextObservation]:
+    return {agent: TextObservation(text) for agent, text in texts.items()}

@@ -1,0 +1,106 @@
+"""Cooperative writing: two agents write complementary texts about one source document.
+
+TLDR (``tldr-v0``): a Reddit post; ``concise`` writes a short summary, ``detailed`` a longer
+one with richer vocabulary and transitions. arXiv (``arxiv-v0``): a paper abstract;
+``background`` writes the background and motivation of an introduction, ``method`` its
+methodology and implications. Neither agent sees the other's text; the joint reward
+(``rewards/writing.py``) scores how well the two fit together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..data import Records
+from ..errors import ConfigError
+from ..rewards.writing import (
+    ARXIV_REWARD,
+    MAX_WRITING_REWARD,
+    TLDR_REWARD,
+    WritingRewardSpec,
+    score_writing,
+    writing_feedback,
+)
+from ..task import Evaluation, Task
+
+
+class WritingTask(Task):
+    """Two roles, one source text field, a gated writing reward."""
+
+    source_field: str = ""
+    reward_spec: WritingRewardSpec
+    instructions: Mapping[str, str] = {}
+    max_reward = MAX_WRITING_REWARD
+
+    def __init__(self, records: Records, *, min_words: int | None = None,
+                 max_words: int | None = None):
+        super().__init__(records)
+        low, high = self.reward_spec.word_range
+        low = low if min_words is None else min_words
+        high = high if max_words is None else max_words
+        if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
+            raise ConfigError(
+                f"min_words and max_words must be integers with 0 <= min_words <= max_words, "
+                f"got {low!r} and {high!r}."
+            )
+        self.reward_spec = dataclasses.replace(self.reward_spec, word_range=(low, high))
+
+    def prompts(self, item: Mapping[str, Any]) -> dict[str, str]:
+        source = item[self.source_field].strip()
+        low, high = self.reward_spec.word_range
+        return {
+            role: instruction.format(source=source, min_words=low, max_words=high)
+            for role, instruction in self.instructions.items()
+        }
+
+    def evaluate(self, item: Mapping[str, Any], actions: Mapping[str, str]) -> Evaluation:
+        first, second = self.roles
+        score = score_writing(actions[first], actions[second], self.reward_spec)
+        total = sum(score.parts.values())
+        return Evaluation(
+            reward_parts=score.parts,
+            details={"failed_level": score.failed_level or "", **score.measurements},
+            feedback=writing_feedback(score, self.reward_spec, (first, second)),
+            solved=total >= self.max_reward - 1e-9,
+        )
+
+
+class TldrTask(WritingTask):
+    roles = ("concise", "detailed")
+    source_field = "prompt"
+    reward_spec = TLDR_REWARD
+    instructions = {
+        "concise": (
+            "Summarise the following Reddit post in one or two short sentences "
+            "({min_words}-{max_words} words). A teammate writes a longer, detailed summary "
+            "of the same post; yours is the concise one.\n\n{source}\n\nConcise summary:"
+        ),
+        "detailed": (
+            "Write a detailed summary of the following Reddit post ({min_words}-{max_words} "
+            "words), about two to three times as long as a one-sentence summary. Use varied "
+            "vocabulary and transition words (for example, however, therefore, in addition). "
+            "A teammate writes the concise summary.\n\n{source}\n\nDetailed summary:"
+        ),
+    }
+
+
+class ArxivTask(WritingTask):
+    roles = ("background", "method")
+    source_field = "abstract_text"
+    reward_spec = ARXIV_REWARD
+    instructions = {
+        "background": (
+            "Here is the abstract of a research paper. Write the first part of its "
+            "introduction ({min_words}-{max_words} words): the background and the motivation "
+            "of the work. A teammate writes the second part, on the methodology and its "
+            "implications, so do not cover those.\n\nAbstract:\n{source}\n\nBackground:"
+        ),
+        "method": (
+            "Here is the abstract of a research paper. Write the second part of its "
+            "introduction ({min_words}-{max_words} words): the methodology and its "
+            "implications. A teammate writes the first part, on the background and "
+            "motivation, so do not cover those.\n\nAbstract:\n{source}\n\nMethodology:"
+        ),
+    }
