@@ -1,0 +1,17 @@
+"""Shared test paths. Data in ../shared is for tests only and may be absent: tests skip then."""
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+SHARED_COOPHUMANEVAL = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "coophumaneval" / "coophumaneval.json"
+)
+
+
+@pytest.fixture(scope="session")
+def coophumaneval_file() -> Path:
+    if not SHARED_COOPHUMANEVAL.exists():
+        pytest.skip(f"CoopHumanEval test data not found at {SHARED_COOPHUMANEVAL}")
+    return SHARED_COOPHUMANEVAL

@@ -1,0 +1,183 @@
+"""The PettingZoo contract, determinism, branching and multi-turn behaviour of every env."""
+
+import copy
+
+import pytest
+from pettingzoo.test import api_test, parallel_api_test
+from pettingzoo.utils.conversions import parallel_to_aec
+
+import llm_marl_envs
+from conftest import DATA
+
+ENV_KWARGS = {
+    "tldr-v0": {"data": DATA / "tldr_sample.jsonl"},
+    "arxiv-v0": {"data": DATA / "arxiv_sample.jsonl"},
+    "humaneval-v0": {"split": "eval"},
+    "coophumaneval-v0": {"data": DATA / "coding_sample.jsonl", "split": "all"},
+}
+
+SAMPLE_ACTIONS = {
+    "tldr-v0": {
+        "concise": "The poster's roommate keeps eating her food and denies it every time.",
+        "detailed": (
+            "The poster shares an apartment with a coworker. However, for two months her "
+            "groceries have vanished; for example, yogurt and rice. Therefore she labelled "
+            "everything, yet the roommate denies it, and she now wonders how to raise it calmly "
+            "without hurting their relationship at work."
+        ),
+    },
+    "arxiv-v0": {"background": "Teams of models coordinate. " * 30, "method": "We train jointly. " * 45},
+    "humaneval-v0": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
+    "coophumaneval-v0": {
+        "aux": "def aux(ch):\n    return ch.lower() in 'aeiou'",
+        "main": "def count_vowels(text):\n    return sum(1 for ch in text if aux(ch))",
+    },
+}
+
+
+def test_registry_lists_the_four_tasks():
+    assert set(llm_marl_envs.registry()) == set(ENV_KWARGS)
+    assert all(llm_marl_envs.registry().values())
+
+
+def test_unknown_env_id_names_the_known_ones():
+    with pytest.raises(llm_marl_envs.UnknownEnvError) as caught:
+        llm_marl_envs.make("coophumanevl")
+    message = str(caught.value)
+    assert "coophumaneval-v0" in message and "Did you mean" in message
+
+
+def test_alias_without_version_and_pettingzoo_registry():
+    import pettingzoo
+
+    assert llm_marl_envs.resolve_env_id("tldr") == "tldr-v0"
+    env = pettingzoo.make("parallel", "tldr-v0", data=DATA / "tldr_sample.jsonl")
+    assert env.possible_agents == ["concise", "detailed"]
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
+def test_parallel_api(env_id):
+    parallel_api_test(llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2), num_cycles=4)
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
+def test_aec_api(env_id):
+    api_test(parallel_to_aec(llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2)),
+             num_cycles=4)
+
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
+def test_full_episodes_are_deterministic(env_id):
+    def episode(seed):
+        env = llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=3)
+        trace = [env.reset(seed=seed)]
+        while env.agents:
+            trace.append(env.step(SAMPLE_ACTIONS[env_id]))
+        return trace
+
+    first, again = episode(7), episode(7)
+    assert first == again
+    rewards = first[1][1]
+    assert len(set(rewards.values())) == 1, "every agent gets the same joint reward"
+    for info in first[1][4].values():
+        assert sum(info["reward_parts"].values()) == pytest.approx(next(iter(rewards.values())))
+
+
+def test_same_seed_same_item_and_index_option():
+    env = llm_marl_envs.make("tldr-v0", data=DATA / "tldr_sample.jsonl")
+    first, _ = env.reset(seed=3)
+    assert env.reset(seed=3)[0] == first
+    env.reset(options={"index": 5})
+    assert env.item_index == 5
+    with pytest.raises(llm_marl_envs.ConfigError):
+        env.reset(options={"index": 99})
+
+
+def test_deepcopy_branches_share_data_but_not_state():
+    env = llm_marl_envs.make("coophumaneval-v0", **ENV_KWARGS["coophumaneval-v0"], max_turns=2)
+    env.reset(options={"index": 0})
+    branch = copy.deepcopy(env)
+    assert branch.task is env.task and branch.task.records is env.task.records
+    branch.step({"aux": "def aux(x):\n    return x", "main": "oops"})
+    assert env.turn == 0 and branch.turn == 1
+
+
+def test_multi_turn_coding_feedback_and_early_termination():
+    env = llm_marl_envs.make("coophumaneval-v0", **ENV_KWARGS["coophumaneval-v0"], max_turns=3)
+    env.reset(options={"index": 0})
+    wrong = {"aux": "def aux(ch):\n    return ch in 'aeiou'",
+             "main": "def count_vowels(text):\n    return len(text)"}
+    observations, rewards, terminations, truncations, infos = env.step(wrong)
+    assert not any(terminations.values()) and not any(truncations.values())
+    assert "return len(text)" in observations["main"]
+    assert "return len(text)" not in observations["aux"], "an agent sees only its own answer"
+    assert "Tests passed: 1/4" in observations["main"] and "Failed: assert" in observations["aux"]
+    assert infos["main"]["tests_passed"] == 1 and infos["main"]["tests_total"] == 4
+
+    observations, rewards, terminations, *_ = env.step(SAMPLE_ACTIONS["coophumaneval-v0"])
+    assert all(terminations.values()) and env.agents == []
+    assert rewards["main"] == pytest.approx(4.0)
+
+
+def test_multi_turn_writing_feedback_names_the_failed_level():
+    env = llm_marl_envs.make("tldr-v0", data=DATA / "tldr_sample.jsonl", max_turns=2)
+    env.reset(options={"index": 0})
+    observations, rewards, *_ , infos = env.step({"concise": "Too short.", "detailed": "Also short."})
+    assert rewards["concise"] == 0.0 and infos["concise"]["failed_level"] == "structure"
+    assert "'structure' level failed" in observations["detailed"]
+    assert "Also short." in observations["detailed"]
+    _, _, _, truncations, _ = env.step(SAMPLE_ACTIONS["tldr-v0"])
+    assert all(truncations.values())
+
+
+def test_bad_options_give_clear_errors(tmp_path):
+    with pytest.raises(llm_marl_envs.ConfigError, match="max_turns"):
+        llm_marl_envs.make("humaneval-v0", max_turns=0)
+    with pytest.raises(llm_marl_envs.ConfigError, match="does not take"):
+        llm_marl_envs.make("humaneval-v0", min_words=3)
+    with pytest.raises(llm_marl_envs.ConfigError, match="split"):
+        llm_marl_envs.make("humaneval-v0", split="validation")
+    with pytest.raises(llm_marl_envs.ConfigError, match="split='all'"):
+        llm_marl_envs.make("coophumaneval-v0", data=DATA / "coding_sample.jsonl", split="train")
+    with pytest.raises(llm_marl_envs.DataUnavailableError, match="does not exist"):
+        llm_marl_envs.make("tldr-v0", data=tmp_path / "missing.jsonl")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"title": "no prompt field"}\n')
+    with pytest.raises(llm_marl_envs.DataFormatError, match="prompt"):
+        llm_marl_envs.make("tldr-v0", data=broken)
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    with pytest.raises(llm_marl_envs.DataFormatError, match="Could not parse"):
+        llm_marl_envs.make("tldr-v0", data=garbage)
+
+
+def test_unreachable_hub_names_dataset_and_data_option(monkeypatch):
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(llm_marl_envs.DataUnavailableError) as caught:
+        llm_marl_envs.make("arxiv-v0", data="OpenMLRL/no-such-dataset-for-tests")
+    assert "OpenMLRL/no-such-dataset-for-tests" in str(caught.value)
+    assert "data=" in str(caught.value)
+
+
+def test_save_to_disk_folder_and_parquet(tmp_path):
+    import datasets
+
+    table = datasets.load_dataset("json", data_files=str(DATA / "tldr_sample.jsonl"), split="train")
+    table.save_to_disk(str(tmp_path / "folder"))
+    table.to_parquet(str(tmp_path / "tldr.parquet"))
+    for source in (tmp_path / "folder", tmp_path / "tldr.parquet"):
+        env = llm_marl_envs.make("tldr-v0", data=source)
+        assert env.num_items == len(table)
+
+
+def test_importing_the_envs_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, llm_marl_envs; assert 'torch' not in sys.modules and 'magrpo' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

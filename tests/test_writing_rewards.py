@@ -1,0 +1,127 @@
+"""Every level boundary of the writing rewards (REFERENCE.md §3.1, §3.2)."""
+
+import math
+
+import pytest
+
+from llm_marl_envs.rewards.text import jaccard, transition_categories, transition_score
+from llm_marl_envs.rewards.writing import ARXIV_REWARD, TLDR_REWARD, score_writing
+
+
+def _code(number: int) -> str:
+    letters = ""
+    number += 1
+    while number:
+        number, rest = divmod(number - 1, 26)
+        letters = "bcdfghjklmnpqrstvwxzyaeiou"[rest] + letters
+    return letters
+
+
+def sized(words: int, chars: int, unique: int, prefix: str) -> str:
+    """A text with exactly ``words`` words, ``chars`` characters and ``unique`` distinct words.
+
+    The first word occurs once, so it can be lengthened to reach ``chars`` without changing
+    the number of distinct words.
+    """
+    vocabulary = [f"{prefix}{_code(i)}" for i in range(unique)]
+    tokens = [vocabulary[0]] + [vocabulary[1 + i % (unique - 1)] for i in range(words - 1)]
+    missing = chars - len(" ".join(tokens))
+    assert missing >= 0, "chars too small for that many words"
+    tokens[0] += "x" * missing
+    text = " ".join(tokens)
+    assert len(text) == chars and len(text.split()) == words
+    assert len(set(text.lower().split())) == unique
+    return text
+
+
+def tldr(length_ratio: float = 2.0, vocab_ratio: float = 2.5) -> dict:
+    first = sized(20, 400, 20, "zq")
+    second = sized(60, round(400 * length_ratio), round(20 * vocab_ratio), "vk")
+    return score_writing(first, second, TLDR_REWARD).parts
+
+
+@pytest.mark.parametrize("words,passes", [((8, 30), True), ((7, 30), False), ((10, 256), True),
+                                          ((10, 257), False), ((257, 30), False)])
+def test_tldr_structure_bounds(words, passes):
+    first = sized(words[0], max(700, 6 * words[0]), min(words[0], 10), "zq")
+    second = sized(words[1], 2 * len(first), min(words[1], 25), "vk")
+    parts = score_writing(first, second, TLDR_REWARD).parts
+    assert parts["structure"] == (0.5 if passes else 0.0)
+    if not passes:
+        assert sum(parts.values()) == 0.0
+
+
+@pytest.mark.parametrize("ratio,expected", [(1.05, 0.0), (1.1, 0.0), (1.35, 0.5), (1.6, 1.0),
+                                            (2.5, 1.0), (3.2, 1.0), (4.1, 0.5), (5.0, 0.0),
+                                            (5.5, 0.0)])
+def test_tldr_length_ratio_band(ratio, expected):
+    parts = tldr(length_ratio=ratio)
+    assert parts["length"] == pytest.approx(expected)
+    if expected == 0.0:  # the level scored 0: the sum stops here
+        assert parts["vocabulary"] == parts["coherence"] == parts["consistency"] == 0.0
+    else:
+        assert parts["vocabulary"] > 0
+
+
+@pytest.mark.parametrize("ratio,expected", [(1.2, 0.0), (1.3, 0.0), (1.65, 0.25), (2.0, 0.5),
+                                            (3.0, 0.5)])
+def test_tldr_vocabulary_ratio_band(ratio, expected):
+    parts = tldr(vocab_ratio=ratio)
+    assert parts["vocabulary"] == pytest.approx(expected)
+    assert parts["length"] == 1.0
+    if expected == 0.0:
+        assert parts["coherence"] == parts["consistency"] == 0.0
+
+
+def arxiv(length_ratio: float = 1.1, vocab_ratio: float = 1.0) -> dict:
+    first = sized(150, 1500, 50, "zq")
+    second = sized(150, round(1500 * length_ratio), round(50 * vocab_ratio), "vk")
+    return score_writing(first, second, ARXIV_REWARD).parts
+
+
+@pytest.mark.parametrize("ratio,expected", [(0.75, 0.0), (0.8, 0.0), (0.9, 0.5), (1.0, 1.0),
+                                            (1.3, 1.0), (1.4, 0.5), (1.5, 0.0), (1.6, 0.0)])
+def test_arxiv_length_ratio_band(ratio, expected):
+    assert arxiv(length_ratio=ratio)["length"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("ratio,expected", [(0.4, 0.0), (0.5, 0.0), (0.6, 0.25), (0.7, 0.5),
+                                            (1.3, 0.5), (1.5, 0.25), (1.7, 0.0), (1.8, 0.0)])
+def test_arxiv_vocabulary_ratio_band(ratio, expected):
+    assert arxiv(vocab_ratio=ratio)["vocabulary"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("words,passes", [(127, False), (128, True), (256, True), (257, False)])
+def test_arxiv_structure_bounds(words, passes):
+    first = sized(words, 10 * words, 50, "zq")
+    second = sized(words, 11 * words, 50, "vk")
+    assert score_writing(first, second, ARXIV_REWARD).parts["structure"] == (0.5 if passes else 0)
+
+
+def test_transition_score_counts_categories_whole_words_only():
+    assert transition_score("nothing to see here") == 0.0
+    assert transition_score("However it rained.") == pytest.approx(0.4)
+    # "was" contains "as", "also" contains "so": neither is a transition phrase match.
+    assert transition_categories("it was alsoish") == []
+    text = ("First, however, for example, because, in summary, similarly, although, if, "
+            "meanwhile, indeed, in other words, furthermore")
+    assert len(transition_categories(text)) == 12
+    assert transition_score(text) == pytest.approx(min(0.4 + 0.05 * 11, 1.0))
+
+
+def test_style_level_combines_transitions_and_capped_jaccard():
+    shared = " ".join(f"common{_code(i)}" for i in range(5))
+    first = f"Alpha beta gamma delta epsilon zeta eta theta {shared}."
+    detailed_words = " ".join(f"word{_code(i)}" for i in range(40))
+    second = f"However, {detailed_words} {shared}; therefore, in summary, done."
+    score = score_writing(first, second, TLDR_REWARD)
+    assert score.failed_level is None
+    overlap = jaccard({w.lower() for w in first.replace(".", "").split()},
+                      {w.strip(",.;").lower() for w in second.split()} - {"however", "therefore",
+                                                                           "in", "summary", "done"})
+    assert score.measurements["jaccard"] > 0.03 and overlap > 0.03
+    assert score.parts["consistency"] == pytest.approx(0.6)  # saturated at the 0.03 cap
+    assert score.parts["coherence"] == pytest.approx(0.4 * transition_score(second))
+    total = sum(score.parts.values())
+    assert math.isclose(total, 0.5 + score.parts["length"] + score.parts["vocabulary"]
+                        + score.parts["coherence"] + 0.6)
