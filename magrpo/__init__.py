@@ -1,1 +1,36 @@
-"""MAGRPO: multi-agent group-relative policy optimisation for LLM agents on text envs."""
+"""MAGRPO: multi-agent group-relative policy optimisation for LLM agents on text envs.
+
+Quick start::
+
+    from magrpo import MAGRPOConfig, MAGRPOTrainer
+    trainer = MAGRPOTrainer(MAGRPOConfig(max_steps=10), env)   # any text ParallelEnv
+    result = trainer.train()
+
+or ``python -m magrpo.train --env coophumaneval``. New algorithms plug in by name with
+``register_advantage`` / ``register_loss``.
+"""
+
+from magrpo.advantages import available_advantages, compute_advantages, register_advantage
+from magrpo.config import ConfigError, MAGRPOConfig
+from magrpo.losses import LossNormalizer, available_losses, register_loss
+from magrpo.rollout import Completion, JointOutcome, Node, RolloutResult, run_rollout
+from magrpo.trainer import MAGRPOTrainer, TrainResult, TrainSample
+
+__all__ = [
+    "Completion",
+    "ConfigError",
+    "JointOutcome",
+    "LossNormalizer",
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "Node",
+    "RolloutResult",
+    "TrainResult",
+    "TrainSample",
+    "available_advantages",
+    "available_losses",
+    "compute_advantages",
+    "register_advantage",
+    "register_loss",
+    "run_rollout",
+]

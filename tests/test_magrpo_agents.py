@@ -1,0 +1,109 @@
+"""Policies on a tiny random Llama: batching, masks, adapter isolation, standard saving."""
+
+import pytest
+import torch
+from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
+
+from magrpo.agents import SamplingParams, load_policies
+from magrpo.rollout import Completion
+
+AGENTS = ["alice", "bob"]
+
+
+@pytest.fixture
+def policies(tiny_model_path):  # noqa: F811
+    torch.manual_seed(0)
+    loaded = load_policies(AGENTS, [tiny_model_path] * 2)
+    with torch.no_grad():  # make the adapters non-trivial and different
+        for name, param in loaded.backends[0].model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    return loaded
+
+
+def test_shared_base_one_adapter_per_agent(policies):
+    assert len(policies.backends) == 1 and policies.backends[0].mode == "shared_lora"
+    alice = policies.named_trainable_parameters("alice")
+    bob = policies.named_trainable_parameters("bob")
+    assert alice and bob and not set(alice) & set(bob)
+    assert all(".alice." in name for name in alice)
+    assert all(p.requires_grad for p in [*alice.values(), *bob.values()])
+
+
+def test_mixed_adapter_batch_equals_per_agent_generation(policies):
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    requests = [("alice", "say words"), ("bob", "say words")]
+    together = policies.sample(requests, 2, greedy)
+    alone = [policies.sample([request], 2, greedy)[0] for request in requests]
+    for joint, single in zip(together, alone, strict=True):
+        assert [c.completion_ids for c in joint] == [c.completion_ids for c in single]
+    assert together[0][0].completion_ids != together[1][0].completion_ids  # adapters differ
+
+
+def test_chat_template_and_eos(policies):
+    tokenizer = policies.backends[0].tokenizer
+    prompt = policies.encode_prompt("alice", "say words")
+    assert tokenizer.decode(prompt).startswith("<|im_start|> user")
+    # pad == eos == <|im_end|> also occurs inside the prompt: ends come from lengths
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert tokenizer.eos_token_id in prompt
+    (group,) = policies.sample([("alice", "say words")], 6, SamplingParams(12, 1.0))
+    for completion in group:
+        eos_positions = [i for i, t in enumerate(completion.completion_ids) if t == 2]
+        assert eos_positions in ([], [len(completion.completion_ids) - 1])
+        assert completion.finished == bool(eos_positions)
+
+
+def test_batched_logprobs_equal_single_and_ignore_padding(policies):
+    eos = policies.backends[0].tokenizer.eos_token_id
+    prompts = [
+        policies.encode_prompt("alice", "say"),
+        policies.encode_prompt("bob", "task one two"),
+    ]
+    completions = [
+        Completion("alice", "", prompts[0], [10, 11, eos], True),
+        Completion("bob", "", prompts[1], [12, 13, 14, 15, 16, 17], False),
+        Completion("alice", "", prompts[1], [eos], True),
+    ]
+    batch = policies.logprobs(completions)
+    assert batch.mask.tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]]
+    for row, completion in enumerate(completions):
+        single = policies.logprobs([completion])
+        length = len(completion.completion_ids)
+        assert torch.allclose(batch.logprobs[row, :length], single.logprobs[0], atol=1e-5)
+    # gradient flows only through each row's own adapter, and is finite despite left padding
+    (batch.logprobs[1] * batch.mask[1]).sum().backward()
+    alice = policies.named_trainable_parameters("alice").values()
+    bob = policies.named_trainable_parameters("bob").values()
+    assert all(p.grad is None or not p.grad.any() for p in alice)
+    assert any(p.grad is not None and p.grad.any() for p in bob)
+    assert all(torch.isfinite(p.grad).all() for p in bob if p.grad is not None)
+
+
+def test_reference_is_base_model(policies, tiny_model_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    prompt = policies.encode_prompt("alice", "say")
+    completion = Completion("alice", "", prompt, [10, 11, 12], False)
+    reference = policies.logprobs([completion], reference=True).logprobs
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    logits = base(torch.tensor([prompt + [10, 11, 12]])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor([10, 11, 12])]
+    assert torch.allclose(reference[0], expected, atol=1e-5)
+    assert not torch.allclose(policies.logprobs([completion]).logprobs[0], expected, atol=1e-3)
+
+
+def test_saved_adapters_load_with_peft(policies, tiny_model_path, tmp_path):  # noqa: F811
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = policies.save_agent("bob", tmp_path / "adapters")
+    assert folder == tmp_path / "adapters" / "bob"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    loaded = PeftModel.from_pretrained(base, folder)
+    ours = policies.named_trainable_parameters("bob")
+    theirs = {
+        n.replace(".default.", ".bob."): p for n, p in loaded.named_parameters() if "lora_" in n
+    }
+    assert set(ours) == set(theirs)
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)

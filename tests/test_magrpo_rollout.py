@@ -1,0 +1,96 @@
+"""Tree rollouts with a scripted sampler: joints, credited returns, discount, termination."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from magrpo_fixtures import WordGameEnv
+
+from magrpo.rollout import Completion, joint_actions, run_rollout
+
+# sample g of each agent, whatever the observation
+SCRIPT = {"alice": ["apple egg", "bat cat"], "bob": ["one two three", "dog"]}
+# WordGameEnv.score: vowel-initial fraction of alice's words + 0.5 if bob has more words
+#   (a0,b0) = 1.0 + 0.5 = 1.5   (a0,b1) = 1.0   (a1,b0) = 0.5   (a1,b1) = 0.0
+
+
+def scripted_sampler(calls=None):
+    def sample(requests, num_samples):
+        if calls is not None:
+            calls.append(list(requests))
+        return [
+            [Completion(agent, SCRIPT[agent][g], [1], [2], True) for g in range(num_samples)]
+            for agent, _ in requests
+        ]
+
+    return sample
+
+
+def rollout(env, **kwargs):
+    observations, _ = env.reset(seed=0, options={"index": 0})
+    with ThreadPoolExecutor(4) as pool:
+        return run_rollout([env], [observations], scripted_sampler(), pool, group_size=2, **kwargs)
+
+
+def test_joint_actions():
+    assert joint_actions(2, 3, "aligned") == [(0, 0), (1, 1), (2, 2)]
+    assert len(joint_actions(2, 3, "cross")) == 9
+    assert joint_actions(3, 2, "cross")[:2] == [(0, 0, 0), (0, 0, 1)]
+
+
+def test_aligned_single_turn():
+    result = rollout(WordGameEnv())
+    (node,) = result.nodes
+    assert [j.reward for j in node.joints] == [1.5, 0.0]
+    assert node.sample_returns == {"alice": [1.5, 0.0], "bob": [1.5, 0.0]}
+    assert node.joints[0].reward_parts == {"vowels": 1.0, "longer": 0.5}
+
+
+def test_cross_credits_mean_over_joints_containing_sample():
+    result = rollout(WordGameEnv(), joint_mode="cross")
+    (node,) = result.nodes
+    assert [j.reward for j in node.joints] == [1.5, 1.0, 0.5, 0.0]
+    assert node.sample_returns["alice"] == [1.25, 0.25]
+    assert node.sample_returns["bob"] == [1.0, 0.5]
+
+
+def test_multi_turn_returns_with_discount():
+    result = rollout(WordGameEnv(max_turns=2), num_turns=2, discount=0.5)
+    root = result.nodes[0]
+    children = result.nodes_at_turn(1)
+    assert len(children) == 2 and all(c.parent == 0 for c in children)
+    # each child sees the same scripted samples: child joint rewards [1.5, 0], mean 0.75
+    assert [j.value for j in children[0].joints] == [1.5, 0.0]
+    assert [j.value for j in root.joints] == [1.5 + 0.5 * 0.75, 0.0 + 0.5 * 0.75]
+    assert root.sample_returns["alice"] == [1.875, 0.375]
+    assert "again" in children[0].observations["alice"]  # next-turn observation of the branch
+
+
+def test_tree_of_three_turns_has_g_cubed_leaves():
+    result = rollout(WordGameEnv(max_turns=3), num_turns=3, discount=1.0)
+    assert [len(result.nodes_at_turn(t)) for t in range(3)] == [1, 2, 4]
+    assert result.nodes[0].joints[0].value == pytest.approx(1.5 + 0.75 + 0.75)
+
+
+def test_early_termination_and_finished_episodes_are_leaves():
+    stopped = rollout(WordGameEnv(max_turns=2), num_turns=2, early_termination_threshold=0.7)
+    assert len(stopped.nodes) == 1  # mean reward 0.75 > 0.7: not expanded
+    assert stopped.nodes[0].sample_returns["alice"] == [1.5, 0.0]
+    ended = rollout(WordGameEnv(max_turns=1), num_turns=2)
+    assert len(ended.nodes) == 1  # the env ended every branch
+
+
+def test_one_sampling_call_per_depth_over_all_roots():
+    calls = []
+    envs, observations = [], []
+    for index in range(3):
+        env = WordGameEnv(max_turns=2)
+        observations.append(env.reset(seed=index, options={"index": index})[0])
+        envs.append(env)
+    with ThreadPoolExecutor(4) as pool:
+        result = run_rollout(
+            envs, observations, scripted_sampler(calls), pool, group_size=2, num_turns=2
+        )
+    assert len(calls) == 2  # depth 0 (3 roots) and depth 1 (6 children), batched
+    assert len(calls[0]) == 3 * 2 and len(calls[1]) == 6 * 2
+    assert result.num_roots == 3 and len(result.nodes) == 9
+    assert calls[0][0] == ("alice", "say words alice")
