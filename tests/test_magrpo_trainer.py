@@ -1,0 +1,179 @@
+"""The training loop end to end on a tiny model and a tiny env: files, isolation, resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from gymnasium import spaces
+from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest fixture
+
+from magrpo.checkpoint import latest_checkpoint, list_checkpoints
+from magrpo.config import MAGRPOConfig
+from magrpo.rollout import Completion
+from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample
+
+
+def make_config(output_dir, model, **changes) -> MAGRPOConfig:
+    values = dict(
+        model=model,
+        output_dir=str(output_dir),
+        group_size=4,
+        max_new_tokens=10,
+        max_steps=4,
+        learning_rate=1e-2,
+        save_interval=2,
+        eval_interval=2,
+        eval_size=2,
+        progress_bar=False,
+        env_workers=4,
+    )
+    values.update(changes)
+    return MAGRPOConfig(**values)
+
+
+def run(config, env=None, eval_env=None):
+    trainer = MAGRPOTrainer(
+        config, env or WordGameEnv(max_turns=config.num_turns), eval_env, model_resolver=str
+    )
+    try:
+        return trainer, trainer.train()
+    finally:
+        trainer.close()
+
+
+def trainable(trainer):
+    return {
+        agent: {
+            n: p.detach().clone()
+            for n, p in trainer.policies.named_trainable_parameters(agent).items()
+        }
+        for agent in trainer.agents
+    }
+
+
+def test_train_writes_metrics_checkpoints_and_adapters(tmp_path, tiny_model_path):  # noqa: F811
+    config = make_config(tmp_path / "run", tiny_model_path, num_turns=2)
+    trainer, result = run(config, eval_env=WordGameEnv(max_turns=2))
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    first = records[0]
+    for key in (
+        "reward/mean", "reward/std", "turn2/reward/mean", "reward_parts/vowels", "loss",
+        "grad_norm/alice", "completion_length/bob", "zero_variance_group_frac",
+        "tokens_per_second", "time/generate", "time/update", "return/mean",
+    ):  # fmt: skip
+        assert key in first, key
+    assert "eval/reward/mean" in records[1] and "eval/reward/mean" not in records[0]
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-2", "step-4"]
+    for agent in ("alice", "bob"):
+        assert (tmp_path / "run" / "adapters" / agent / "adapter_model.safetensors").is_file()
+    assert result.steps == 4 and result.best_reward >= result.last_reward - 1e-9
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["group_size"] == 4
+
+
+def test_resume_is_bit_identical(tmp_path, tiny_model_path):  # noqa: F811
+    straight, _ = run(make_config(tmp_path / "a", tiny_model_path, max_steps=4, save_interval=0))
+    run(make_config(tmp_path / "b", tiny_model_path, max_steps=2, save_interval=2))
+    resumed, _ = run(make_config(tmp_path / "b", tiny_model_path, max_steps=4, resume=True))
+    expected, got = trainable(straight), trainable(resumed)
+    for agent in expected:
+        for name in expected[agent]:
+            assert torch.equal(expected[agent][name], got[agent][name]), name
+    metrics_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    metrics_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    rewards = [[json.loads(x)["reward/mean"] for x in m] for m in (metrics_a, metrics_b)]
+    assert rewards[0] == rewards[1] and len(rewards[0]) == 4
+
+
+def test_half_written_checkpoint_is_ignored(tmp_path):
+    from magrpo.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    partial = tmp_path / "checkpoints" / ".tmp-step-3-999"
+    partial.mkdir()
+    (partial / "state.pt").write_bytes(b"trunc")
+    assert latest_checkpoint(tmp_path).name == "step-2"
+
+
+def test_one_agent_update_leaves_the_other_untouched(tmp_path, tiny_model_path):  # noqa: F811
+    config = make_config(tmp_path / "iso", tiny_model_path)
+    trainer = MAGRPOTrainer(config, WordGameEnv(), model_resolver=str)
+    before = trainable(trainer)
+    prompt = trainer.policies.encode_prompt("alice", "say words")
+    samples = [
+        TrainSample(Completion("alice", "", prompt, [10, 11, 2], True), 0.0),
+        TrainSample(Completion("alice", "", prompt, [12, 2], True), 0.0),
+        TrainSample(Completion("bob", "", prompt, [13, 14, 2], True), 1.0),
+        TrainSample(Completion("bob", "", prompt, [15, 2], True), -1.0),
+    ]
+    trainer.update(samples)
+    after = trainable(trainer)
+    assert all(torch.equal(before["alice"][n], after["alice"][n]) for n in before["alice"])
+    assert any(not torch.equal(before["bob"][n], after["bob"][n]) for n in before["bob"])
+    trainer.close()
+
+
+def test_full_finetune_cross_clip_kl(tmp_path, tiny_model_path):  # noqa: F811
+    config = make_config(
+        tmp_path / "full", tiny_model_path, finetune="full", joint_mode="cross", group_size=2,
+        clip_epsilon=0.2, num_update_epochs=2, kl_coef=0.1, loss_type="token_mean",
+        advantage="rloo", normalize_advantage_std=True, max_steps=2, eval_interval=0,
+    )  # fmt: skip
+    trainer, result = run(config)
+    assert len(trainer.policies.backends) == 2
+    record = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["kl"] >= 0.0
+    assert (tmp_path / "full" / "models" / "alice" / "config.json").is_file()
+
+
+def test_epochs_and_data_order(tmp_path, tiny_model_path):  # noqa: F811
+    config = make_config(
+        tmp_path / "ep", tiny_model_path, max_steps=None, num_epochs=1, prompts_per_step=2,
+        eval_interval=0, save_interval=0, max_new_tokens=4,
+    )  # fmt: skip
+    trainer, result = run(config, env=WordGameEnv(num_items=6))
+    assert result.steps == 3  # 6 items / 2 per step
+    assert trainer.data_order.epoch == 1 and trainer.data_order.position == 0
+
+
+class NumberEnv(WordGameEnv):
+    def observation_space(self, agent):
+        return spaces.Discrete(3)
+
+
+def test_non_text_env_is_rejected(tmp_path):
+    with pytest.raises(IncompatibleEnvError, match="gymnasium.spaces.Text"):
+        MAGRPOTrainer(make_config(tmp_path, "unused"), NumberEnv(), model_resolver=str)
+
+
+def test_unloadable_model_is_a_clear_error(tmp_path):
+    from magrpo.agents import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="--model"):
+        MAGRPOTrainer(
+            make_config(tmp_path, str(tmp_path / "missing")), WordGameEnv(), model_resolver=str
+        )
+
+
+def test_example_custom_algorithm_runs(tmp_path, tiny_model_path):  # noqa: F811
+    import runpy
+
+    pytest.importorskip("llm_marl_envs", exc_type=ImportError)
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_algorithm.py"
+    module = runpy.run_path(str(example))
+    result = module["main"](
+        [
+            "--model",
+            tiny_model_path,
+            "--output-dir",
+            str(tmp_path / "ex"),
+            "--max-steps",
+            "2",
+            "--max-new-tokens",
+            "6",
+        ]
+    )
+    assert result.steps == 2
