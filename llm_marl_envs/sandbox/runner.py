@@ -1,0 +1,187 @@
+"""Parent side: run jobs through judge processes and turn their records into reports.
+
+The parent never parses or executes program text.  It validates the (trusted) test code,
+claims a sandbox uid, starts ``judge.py`` in a new session with a scrubbed environment,
+sends the job on stdin, and reads nonce-tagged records from the judge's stdout.  The whole
+session is killed shortly after the total budget, then every process of the sandbox uid,
+then the working directory is removed.  A report is built only from records that carry the
+nonce; asserts without a record count as failed ("not reached").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict
+
+from . import checks, codec, isolation, procs, slots
+from .api import TestJob, TestOutcome, TestReport
+from .settings import SandboxSettings
+
+logger = logging.getLogger("llm_marl_envs.sandbox")
+
+JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py")
+KILL_GRACE = 1.0  # seconds after total_timeout before the parent kills the judge
+NONCE_BYTES = 16
+NS_WORKDIR = "/sandbox"
+_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
+
+
+def count_tests(test_code: str) -> int:
+    """Number of counted asserts in ``check`` (static; never runs anything)."""
+    return checks.count_tests(test_code)
+
+
+def run_tests(job: TestJob, settings: SandboxSettings | None = None) -> TestReport:
+    """Run one program against its tests in a fresh sandbox."""
+    settings = settings or SandboxSettings()
+    return _run(job, settings, isolation.resolve(settings.isolation, _probe_namespaces))
+
+
+def run_many(jobs: Sequence[TestJob], settings: SandboxSettings | None = None) -> list[TestReport]:
+    """Run many programs concurrently (at most ``settings.max_workers``), order preserved."""
+    settings = settings or SandboxSettings()
+    mode = isolation.resolve(settings.isolation, _probe_namespaces)
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(settings.max_workers, len(jobs))) as pool:
+        return list(pool.map(lambda job: _run(job, settings, mode), jobs))
+
+
+def _probe_namespaces() -> bool:
+    """Can this machine give us namespaces? Runs one trivial job to find out."""
+    job = TestJob("def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
+    try:
+        report = _run(job, SandboxSettings(isolation="namespaces"), "namespaces")
+    except isolation.SandboxUnavailableError as exc:
+        logger.info("sandbox: namespaces unavailable: %s", exc)
+        return False
+    return report.passed == 1
+
+
+def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
+    if not job.entry_point.isidentifier():
+        raise ValueError(f"entry_point must be an identifier, got {job.entry_point!r}")
+    sources = checks.assert_sources(job.test_code)  # ValueError on broken test code
+    if checks.parse_test_code(job.test_code)[1] is None:
+        raise ValueError("test_code defines no check() function")
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    python = isolation.worker_python(mode)
+    with slots.acquire() as uid, _workdir(mode, uid) as workdir:
+        request = {
+            **asdict(job), **asdict(settings), "isolation": mode, "uid": uid,
+            "workdir": workdir, "worker_python": python, "nonce": nonce,
+        }
+        output, timed_out, returncode, stderr = _drive(request, settings.total_timeout)
+        if uid is not None:
+            procs.kill_uid(uid)
+    records = _parse(output, nonce)
+    if records and records[-1][0] == "fatal":
+        raise isolation.SandboxUnavailableError(f"sandbox setup failed: {records[-1][1]}")
+    if not any(r[0] == "done" for r in records) and not timed_out:
+        tail = stderr[-2000:].decode("utf-8", "replace")
+        logger.warning("sandbox judge died (exit status %s): %s", returncode, tail)
+    return _report(sources, records, timed_out, settings.total_timeout)
+
+
+@contextmanager
+def _workdir(mode: str, uid: int | None) -> Iterator[str]:
+    """Empty working directory of the program, removed afterwards.
+
+    In namespaces mode it lives on the judge's private tmpfs and vanishes with it.
+    """
+    if mode == "namespaces":
+        yield NS_WORKDIR
+        return
+    path = tempfile.mkdtemp(prefix="run-", dir=slots.state_dir())
+    try:
+        if uid is not None:
+            os.chown(path, uid, uid)
+        yield path
+    finally:
+        shutil.rmtree(path, onerror=_force_remove)
+
+
+def _force_remove(function: object, path: str, exc_info: object) -> None:
+    """The program may have chmod-ed its files read-only: make writable, retry."""
+    os.chmod(os.path.dirname(path), 0o700)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+
+def _drive(request: dict, total_timeout: float) -> tuple[bytes, bool, int, bytes]:
+    """Start the judge, feed it the job, collect its output; kill it at the deadline."""
+    proc = subprocess.Popen(
+        [sys.executable, "-S", "-s", "-B", JUDGE],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, cwd="/", env=_ENV,
+    )
+    payload = codec.encode(request, 1 << 30)
+    frame = len(payload).to_bytes(4, "big") + payload
+    timed_out = False
+    try:
+        output, stderr = proc.communicate(frame, timeout=total_timeout + KILL_GRACE)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, stderr = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return output, timed_out, proc.returncode, stderr
+
+
+def _parse(output: bytes, nonce: bytes) -> list[tuple]:
+    """Decode records up to the first frame that is truncated, untagged or malformed."""
+    records = []
+    pos = 0
+    while pos + 4 <= len(output):
+        size = int.from_bytes(output[pos : pos + 4], "big")
+        frame = output[pos + 4 : pos + 4 + size]
+        if len(frame) < size or not frame.startswith(nonce):
+            break
+        try:
+            record = codec.decode(frame[len(nonce) :])
+        except codec.CodecError:
+            break
+        if not isinstance(record, tuple) or not record:
+            break
+        records.append(record)
+        pos += 4 + size
+    return records
+
+
+def _report(sources: list[str], records: list[tuple], timed_out: bool, budget: float) -> TestReport:
+    total = len(sources)
+    state: dict[int, tuple[bool, str]] = {}
+    status, error = ("timeout", f"timeout after {budget}s") if timed_out else (
+        "killed", "sandbox harness died"
+    )
+    for record in records:
+        if record[0] == "outcomes":
+            for index, ok, message in record[1]:
+                if isinstance(index, int) and 0 <= index < total:
+                    state[index] = (ok is True and message == "", str(message)[:300])
+        elif record[0] == "done" and len(record) == 3:
+            status, error = str(record[1]), str(record[2])
+    outcomes = tuple(
+        TestOutcome(i, sources[i], *state.get(i, (False, "not reached"))) for i in range(total)
+    )
+    if status == "ok":
+        error = ""
+    return TestReport(status, sum(o.passed for o in outcomes), total, outcomes, error)

@@ -1,0 +1,169 @@
+"""Untrusted side of a sandbox run: load the program, answer calls with plain values.
+
+Runs in its own fresh interpreter as an unprivileged uid, under resource limits and (when
+available) in fresh namespaces.  It holds no secret and never sees the test code: the judge
+sends only "call f(*args)" requests and decodes the replies into fresh builtin objects.  So
+nothing the program does in this process (patching builtins, walking frames, printing fake
+results, exiting early) can mark a test as passed; at worst it makes its own calls fail.
+
+The judge starts it with ``python -S -s -B -c BOOTSTRAP codec_src worker_src args...`` so
+that no file of the package has to be reachable from inside the sandbox.
+
+Protocol (codec frames): first request ``(program, names)``, reply ``("ok", {name: kind})``
+or ``("error", message)``; then requests ``(name, args, kwargs)``, replies ``("ok", value)``
+or ``("raise", exception_type_name, message)``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import random
+import sys
+import types
+
+import codec
+
+REQUEST_LIMIT = 64 << 20
+MESSAGE_CAP = 300
+
+
+def main(argv: list[str]) -> None:
+    req_fd, rep_fd, output_limit = int(argv[0]), int(argv[1]), int(argv[2])
+    audit = argv[3] == "1"
+    sys.argv = ["program"]
+    random.seed(0)  # programs that use random get the same results on every run
+    frame = codec.read_frame(req_fd, REQUEST_LIMIT)
+    if frame is None:
+        return
+    program, names = codec.decode(frame)
+    if audit:
+        install_audit_hook(os.getcwd())
+    namespace: dict[str, object] = {"__name__": "__sandbox_program__", "__builtins__": builtins}
+    try:
+        exec(compile(program, "<program>", "exec"), namespace)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit at import time is a load error
+        _reply(rep_fd, ("error", describe(exc)), output_limit)
+        return
+    _reply(rep_fd, ("ok", {n: _kind(namespace[n], output_limit) for n in names if n in namespace}),
+           output_limit)
+    while (frame := codec.read_frame(req_fd, REQUEST_LIMIT)) is not None:
+        name, args, kwargs = codec.decode(frame)
+        try:
+            result = namespace[name](*args, **kwargs)
+            payload = codec.encode(("ok", result), output_limit)
+        except codec.CodecError as exc:
+            payload = _encode_raise("TypeError", f"the program returned a disallowed value: {exc}")
+        except BaseException as exc:  # noqa: BLE001 - everything the call does is reported
+            payload = _encode_raise(*_split(exc))
+        codec.write_frame(rep_fd, payload)
+
+
+def _kind(obj: object, limit: int) -> tuple[str, object]:
+    """How the judge should expose a program global the test code refers to."""
+    if isinstance(obj, types.ModuleType):
+        return ("module", str(obj.__name__))
+    if callable(obj):
+        return ("call", None)
+    try:
+        codec.encode(obj, limit)
+    except codec.CodecError:
+        return ("opaque", None)
+    return ("value", obj)
+
+
+def _reply(fd: int, message: tuple[object, ...], limit: int) -> None:
+    codec.write_frame(fd, codec.encode(message, limit))
+
+
+def _encode_raise(name: str, message: str) -> bytes:
+    return codec.encode(("raise", name[:MESSAGE_CAP], message[:MESSAGE_CAP]), 4 * MESSAGE_CAP)
+
+
+def _split(exc: BaseException) -> tuple[str, str]:
+    try:
+        name = str(type(exc).__name__)
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not kill the loop
+        return "Exception", "<unprintable exception>"
+    return name, message.replace(os.getcwd(), ".")
+
+
+def describe(exc: BaseException) -> str:
+    """Short, deterministic text for a load-time exception."""
+    if isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"[:MESSAGE_CAP]
+    name, message = _split(exc)
+    return (f"{name}: {message}" if message else name)[:MESSAGE_CAP]
+
+
+_BLOCKED_EVENTS = frozenset(
+    {
+        "os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.startfile",
+        "os.symlink", "os.link", "signal.pthread_kill", "pty.spawn", "resource.setrlimit",
+        "resource.prlimit", "webbrowser.open", "mmap.__new__",
+    }
+)
+_BLOCKED_PREFIXES = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn")
+_BLOCKED_MODULES = frozenset(
+    {"_ctypes", "ctypes", "_posixsubprocess", "_socket", "socket", "resource", "mmap", "pty"}
+)
+_PATH_EVENTS = frozenset(
+    {
+        "os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.chmod", "os.chown", "os.utime",
+        "os.truncate", "os.chdir", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
+        "shutil.rmtree", "shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.move",
+        "shutil.chown", "shutil.make_archive", "shutil.unpack_archive",
+    }
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def install_audit_hook(workdir: str) -> None:
+    """Refuse process creation, signals, sockets, ctypes, reads outside the standard
+    library, and writes outside the working directory.  Frame and gc introspection stay
+    allowed: this process holds no secret (typing needs sys._getframe).
+
+    Defense in depth only (audit hooks are not a security boundary); the OS-level isolation
+    is what actually contains the program.  The hook cannot be removed once added.
+    """
+    realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
+    readable = tuple(
+        {realpath(p) + sep for p in sys.path if p and os.path.isdir(p)} | {realpath(workdir) + sep}
+    )
+    writable = (realpath(workdir) + sep,)
+    devices = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
+
+    def inside(path: object, prefixes: tuple[str, ...]) -> bool:
+        if type(path) is int:
+            return True
+        if type(path) not in (str, bytes):
+            return False
+        full = realpath(fsdecode(path))
+        return full in devices or (full + sep).startswith(prefixes)
+
+    def hook(event: str, args: tuple[object, ...]) -> None:
+        if event == "open":
+            path, mode, flags = args
+            writing = (type(mode) is str and any(c in mode for c in "wax+")) or (
+                type(flags) is int and flags & _WRITE_FLAGS
+            )
+            allowed = inside(path, writable if writing else readable)
+        elif event in ("os.listdir", "os.scandir"):
+            allowed = inside(args[0] if args[0] is not None else ".", readable)
+        elif event in _PATH_EVENTS:
+            allowed = all(inside(a, writable) for a in args[:2] if type(a) in (str, bytes))
+        elif event == "import":
+            allowed = str(args[0]).split(".")[0] not in _BLOCKED_MODULES
+        elif event == "object.__setattr__":
+            allowed = args[1] not in ("__code__", "__defaults__", "__kwdefaults__")
+        else:
+            allowed = event not in _BLOCKED_EVENTS and not event.startswith(_BLOCKED_PREFIXES)
+        if not allowed:
+            raise PermissionError(f"sandbox: {event} is not allowed")
+
+    sys.addaudithook(hook)
+
+
+if __name__ == "__main__":
+    main(sys.argv[3:])
