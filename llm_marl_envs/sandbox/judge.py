@@ -29,6 +29,7 @@ import time
 
 import checks
 import codec
+import nsroot
 import procs
 
 JOB_LIMIT = 64 << 20
@@ -81,9 +82,15 @@ def rebuild(name: str, message: str) -> Exception:
     return CandidateError(name, message)
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+def _read_sources() -> list[str]:
+    """The worker's code, passed on its command line: nothing of the package needs to be
+    reachable from inside the sandbox (read before the judge chroots)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = []
+    for name in ("codec.py", "worker.py"):
+        with open(os.path.join(here, name), encoding="utf-8") as handle:
+            sources.append(handle.read())
+    return sources
 
 
 class Worker:
@@ -94,8 +101,6 @@ class Worker:
         self.job = job
         self.names = names
         self.enter_pid_namespace = enter_pid_namespace
-        here = os.path.dirname(os.path.abspath(__file__))
-        self.sources = tuple(_read(os.path.join(here, f)) for f in ("codec.py", "worker.py"))
         self.proc: subprocess.Popen | None = None
         self.req_fd = self.rep_fd = -1
 
@@ -107,7 +112,7 @@ class Worker:
         if self.enter_pid_namespace is not None:
             self.enter_pid_namespace()
         argv = [
-            job["worker_python"], "-S", "-s", "-B", "-c", BOOTSTRAP, *self.sources,
+            job["worker_python"], "-S", "-s", "-B", "-c", BOOTSTRAP, *job["sources"],
             str(req_r), str(rep_w), str(job["output_limit"]), "1" if job["audit_hook"] else "0",
         ]
         home = job["workdir"]
@@ -156,6 +161,7 @@ class Worker:
             os.setgroups([])
             os.setgid(job["uid"])
             os.setuid(job["uid"])
+        nsroot.no_new_privileges()
 
     def call(self, name: str, args: tuple, kwargs: dict, deadline: float) -> object:
         try:
@@ -375,10 +381,11 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    memory = job["memory_limit"] + (256 << 20)  # the judge runs trusted code: headroom
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    job["sources"] = _read_sources()
     enter_pid_namespace = None
     if job["isolation"] == "namespaces":
-        import nsroot
-
         try:
             enter_pid_namespace = nsroot.enter(job)
         except OSError as exc:

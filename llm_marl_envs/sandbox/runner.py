@@ -3,9 +3,10 @@
 The parent never parses or executes program text.  It validates the (trusted) test code,
 claims a sandbox uid, starts ``judge.py`` in a new session with a scrubbed environment,
 sends the job on stdin, and reads nonce-tagged records from the judge's stdout.  The whole
-session is killed shortly after the total budget, then every process of the sandbox uid,
-then the working directory is removed.  A report is built only from records that carry the
-nonce; asserts without a record count as failed ("not reached").
+session is killed shortly after the total budget, the working directory is removed, and
+releasing the slot kills every process and removes every shared file of the sandbox uid.
+A report is built only from records that carry the nonce; asserts without a record count
+as failed ("not reached").
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 
-from . import checks, codec, isolation, procs, slots
+from . import checks, codec, isolation, slots
 from .api import TestJob, TestOutcome, TestReport
 from .settings import SandboxSettings
 
@@ -58,15 +59,16 @@ def run_many(jobs: Sequence[TestJob], settings: SandboxSettings | None = None) -
         return list(pool.map(lambda job: _run(job, settings, mode), jobs))
 
 
-def _probe_namespaces() -> bool:
-    """Can this machine give us namespaces? Runs one trivial job to find out."""
+def _probe_namespaces() -> str:
+    """Can this machine give us namespaces? Runs one trivial job; "" if it worked."""
+    if os.geteuid() != 0:
+        return "not running as root"
     job = TestJob("def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
     try:
         report = _run(job, SandboxSettings(isolation="namespaces"), "namespaces")
     except isolation.SandboxUnavailableError as exc:
-        logger.info("sandbox: namespaces unavailable: %s", exc)
-        return False
-    return report.passed == 1
+        return str(exc)
+    return "" if report.passed == 1 else f"probe run failed: {report.status} {report.error}"
 
 
 def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
@@ -83,8 +85,6 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
             "workdir": workdir, "worker_python": python, "nonce": nonce,
         }
         output, timed_out, returncode, stderr = _drive(request, settings.total_timeout)
-        if uid is not None:
-            procs.kill_uid(uid)
     records = _parse(output, nonce)
     if records and records[-1][0] == "fatal":
         raise isolation.SandboxUnavailableError(f"sandbox setup failed: {records[-1][1]}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from . import procs
 
 UID_BASE = 2_000_000_000  # far above any real account; uid == gid == UID_BASE + slot
 MAX_SLOTS = 4096
+# World-writable places an unprivileged uid can write to outside its working directory.
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 
 
 def state_dir() -> str:
@@ -50,10 +53,30 @@ def acquire() -> Iterator[int | None]:
             continue
         uid = UID_BASE + slot
         try:
-            procs.kill_uid(uid)  # leftovers of a holder that died mid-run
+            release(uid)  # leftovers of a holder that died mid-run
             yield uid
         finally:
-            procs.kill_uid(uid)
+            release(uid)
             os.close(fd)
         return
     raise RuntimeError(f"all {MAX_SLOTS} sandbox slots are busy")
+
+
+def release(uid: int) -> None:
+    """Kill every process of ``uid``, then remove what it created in shared directories."""
+    procs.kill_uid(uid)
+    for directory in SHARED_DIRS:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
