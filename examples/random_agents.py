@@ -16,15 +16,18 @@ import random
 import llm_marl_envs
 
 CANNED = {
-    "concise": ["The poster asks for advice about a problem.",
-                "Someone describes a situation and wonders what to do next about it."],
-    "detailed": ["The poster explains a difficult situation in detail. However, they are unsure "
-                 "what to do; for example, they list several options and, therefore, ask the "
-                 "community for advice before making a final decision about it."],
+    "concise": [
+        "The poster asks for advice about a problem.",
+        "Someone describes a situation and wonders what to do next about it.",
+    ],
+    "detailed": [
+        "The poster explains a difficult situation in detail. However, they are unsure "
+        "what to do; for example, they list several options and, therefore, ask the "
+        "community for advice before making a final decision about it."
+    ],
     "background": ["Collaboration between models is an open problem. " * 20],
     "method": ["We propose a method and evaluate it carefully; moreover, results improve. " * 15],
-    "aux": ["def aux(values):\n    return list(values)",
-            "def aux(x):\n    return x"],
+    "aux": ["def aux(values):\n    return list(values)", "def aux(x):\n    return x"],
     "main": ["def solve(*args):\n    return aux(args[0])"],
 }
 
@@ -39,8 +42,13 @@ def canned_action(agent: str, observation: str, rng: random.Random) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", action="append", default=[], metavar="ENV=PATH",
-                        help="local data for an env, e.g. tldr=tests/data/tldr_sample.jsonl")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="ENV=PATH",
+        help="local data for an env, e.g. tldr=tests/data/tldr_sample.jsonl",
+    )
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--max-turns", type=int, default=2)
     args = parser.parse_args()
@@ -49,8 +57,11 @@ def main() -> None:
 
     for env_id in llm_marl_envs.registry():
         name = env_id.removesuffix("-v0")
-        kwargs = {"data": data[name], "split": "all" if "humaneval" in name else "train"} \
-            if name in data else {}
+        kwargs = (
+            {"data": data[name], "split": "all" if "humaneval" in name else "train"}
+            if name in data
+            else {}
+        )
         try:
             env = llm_marl_envs.make(env_id, max_turns=args.max_turns, **kwargs)
         except llm_marl_envs.LLMMarlEnvError as error:
@@ -60,14 +71,17 @@ def main() -> None:
             observations, _ = env.reset(seed=episode)
             returns = []
             while env.agents:
-                actions = {agent: canned_action(agent, observations[agent], rng)
-                           for agent in env.agents}
+                actions = {
+                    agent: canned_action(agent, observations[agent], rng) for agent in env.agents
+                }
                 observations, rewards, _, _, infos = env.step(actions)
                 returns.append(rewards[env.possible_agents[0]])
                 parts = infos[env.possible_agents[0]]["reward_parts"]
-            print(f"{env_id} episode {episode} (item {env.item_index}): rewards per turn "
-                  f"{[round(r, 3) for r in returns]}, last parts "
-                  f"{ {k: round(v, 3) for k, v in parts.items()} }")
+            print(
+                f"{env_id} episode {episode} (item {env.item_index}): rewards per turn "
+                f"{[round(r, 3) for r in returns]}, last parts "
+                f"{ {k: round(v, 3) for k, v in parts.items()} }"
+            )
         print()
 
 

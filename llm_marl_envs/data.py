@@ -14,8 +14,14 @@ from typing import Any
 
 from .errors import DataFormatError, DataUnavailableError
 
-LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json",
-                  ".parquet": "parquet", ".csv": "csv"}
+LOCAL_SUFFIXES = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".json.gz": "json",
+    ".jsonl.gz": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
 
 
 class Records(Sequence):
@@ -54,7 +60,8 @@ def _local_format(path: Path) -> str | None:
 
 
 def looks_like_path(source: str) -> bool:
-    """A Hub id is ``owner/name``; anything with a file suffix, ``./``, ``~`` or that exists is a path."""
+    """Hub ids are ``owner/name``; a file suffix, a leading ``.``, ``/`` or ``~``, or an existing
+    file or folder makes a path."""
     return (
         os.path.exists(os.path.expanduser(source))
         or source.startswith((".", "/", "~"))

@@ -29,7 +29,11 @@ MAX_ACTION_CHARS = 1 << 16
 class TextParallelEnv(ParallelEnv):
     """A multi-turn Dec-POMDP over a dataset of prompts, scored by one joint reward."""
 
-    metadata = {"render_modes": ["human", "ansi"], "name": "text_parallel_v0", "is_parallelizable": True}
+    metadata = {
+        "render_modes": ["human", "ansi"],
+        "name": "text_parallel_v0",
+        "is_parallelizable": True,
+    }
 
     def __init__(self, task: Task, *, max_turns: int = 1, render_mode: str | None = None):
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
@@ -107,7 +111,9 @@ class TextParallelEnv(ParallelEnv):
         if terminated or truncated:
             observations = _as_observations({agent: "" for agent in self.agents})
         else:
-            observations = _as_observations(self.task.followups(self.item, joint_action, evaluation))
+            observations = _as_observations(
+                self.task.followups(self.item, joint_action, evaluation)
+            )
         info = {
             "index": self.item_index,
             "turn": self.turn,

@@ -1,4 +1,4 @@
-"""Errors a user can cause, each carrying one paragraph that says what is wrong and how to fix it."""
+"""Errors a user can cause; each message is one paragraph: what is wrong and how to fix it."""
 
 
 class LLMMarlEnvError(Exception):

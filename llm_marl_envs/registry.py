@@ -157,16 +157,39 @@ def make(
 CODING_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 for _spec in (
-    EnvSpec("tldr-v0", "TLDR: a concise and a detailed summary of a Reddit post",
-            TldrTask, "trl-lib/tldr", ("prompt",), task_options=("min_words", "max_words")),
-    EnvSpec("arxiv-v0", "arXiv: background and methodology parts of an introduction from an abstract",
-            ArxivTask, "OpenMLRL/arXiv_abstract", ("abstract_text",),
-            task_options=("min_words", "max_words")),
-    EnvSpec("humaneval-v0", "HumanEval: a helper `aux` and the main function, tested in a sandbox",
-            HumanEvalTask, BUNDLED_HUMANEVAL, CODING_FIELDS, hub_split="test",
-            task_options=("sandbox_settings",)),
-    EnvSpec("coophumaneval-v0", "CoopHumanEval: 82 problems built for two cooperating coders",
-            CoopHumanEvalTask, "OpenMLRL/CoopHumanEval", CODING_FIELDS, hub_split="test",
-            task_options=("sandbox_settings",)),
+    EnvSpec(
+        "tldr-v0",
+        "TLDR: a concise and a detailed summary of a Reddit post",
+        TldrTask,
+        "trl-lib/tldr",
+        ("prompt",),
+        task_options=("min_words", "max_words"),
+    ),
+    EnvSpec(
+        "arxiv-v0",
+        "arXiv: background and methodology parts of an introduction from an abstract",
+        ArxivTask,
+        "OpenMLRL/arXiv_abstract",
+        ("abstract_text",),
+        task_options=("min_words", "max_words"),
+    ),
+    EnvSpec(
+        "humaneval-v0",
+        "HumanEval: a helper `aux` and the main function, tested in a sandbox",
+        HumanEvalTask,
+        BUNDLED_HUMANEVAL,
+        CODING_FIELDS,
+        hub_split="test",
+        task_options=("sandbox_settings",),
+    ),
+    EnvSpec(
+        "coophumaneval-v0",
+        "CoopHumanEval: 82 problems built for two cooperating coders",
+        CoopHumanEvalTask,
+        "OpenMLRL/CoopHumanEval",
+        CODING_FIELDS,
+        hub_split="test",
+        task_options=("sandbox_settings",),
+    ),
 ):
     register(_spec)

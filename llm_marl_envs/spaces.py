@@ -25,9 +25,6 @@ class TextObservation(str):
     __slots__ = ()
     dtype = np.dtype(str)
 
-    def __reduce__(self):  # pickle and deepcopy as plain text: no class to import elsewhere
-        return (str, (str(self),))
-
 
 class UnicodeText(Text):
     """Any Python ``str`` whose length lies in ``[min_length, max_length]``.

@@ -30,10 +30,12 @@ def step_all(env, joint_actions):
 def test_every_canonical_humaneval_solution_passes_every_test():
     env = llm_marl_envs.make("humaneval-v0", split="all")
     assert env.num_items == 164
-    actions = [{"aux": TRIVIAL_AUX, "main": item["prompt"] + item["canonical_solution"]}
-               for item in env.task.records]
+    actions = [
+        {"aux": TRIVIAL_AUX, "main": item["prompt"] + item["canonical_solution"]}
+        for item in env.task.records
+    ]
     results = step_all(env, actions)
-    for item, (_, rewards, terminations, _, infos) in zip(env.task.records, results):
+    for item, (_, rewards, terminations, _, infos) in zip(env.task.records, results, strict=True):
         info = infos["main"]
         assert info["tests_total"] > 0, item["task_id"]
         assert info["tests_passed"] == info["tests_total"], (item["task_id"], info)
@@ -43,13 +45,16 @@ def test_every_canonical_humaneval_solution_passes_every_test():
 
 def test_empty_bodies_score_no_test_on_humaneval():
     env = llm_marl_envs.make("humaneval-v0", split="all")
-    pass_body = [{"aux": TRIVIAL_AUX, "main": item["prompt"] + "    pass\n"}
-                 for item in env.task.records]
-    for _, rewards, _, _, infos in step_all(env, pass_body):
+    pass_body = [
+        {"aux": TRIVIAL_AUX, "main": item["prompt"] + "    pass\n"} for item in env.task.records
+    ]
+    for *_, infos in step_all(env, pass_body):
         assert infos["main"]["tests_passed"] == 0
         assert infos["main"]["reward_parts"]["main_structure"] == 0.0  # no return: sum stops
-    raising = [{"aux": TRIVIAL_AUX, "main": item["prompt"] + "    raise NotImplementedError\n"}
-               for item in env.task.records[:40]]
+    raising = [
+        {"aux": TRIVIAL_AUX, "main": item["prompt"] + "    raise NotImplementedError\n"}
+        for item in env.task.records[:40]
+    ]
     for _, _, _, _, infos in step_all(env, raising):
         assert infos["main"]["tests_passed"] == 0
 
@@ -61,13 +66,17 @@ def test_coophumaneval_loads_parses_and_scores_all_82(coophumaneval_file):
     assert all(total > 0 for total in totals)
     assert sum(total == 5 for total in totals) >= 75
     for split, size in {"train": 50, "eval": 16, "test": 16}.items():
-        assert llm_marl_envs.make("coophumaneval-v0", data=coophumaneval_file,
-                                  split=split).num_items == size
-    guesses = [{"aux": TRIVIAL_AUX,
-                "main": f"def {item['entry_point']}(*args):\n    return aux(args[0])"}
-               for item in env.task.records]
-    for item, total, (_, rewards, _, _, infos) in zip(env.task.records, totals,
-                                                      step_all(env, guesses)):
+        assert (
+            llm_marl_envs.make("coophumaneval-v0", data=coophumaneval_file, split=split).num_items
+            == size
+        )
+    guesses = [
+        {"aux": TRIVIAL_AUX, "main": f"def {item['entry_point']}(*args):\n    return aux(args[0])"}
+        for item in env.task.records
+    ]
+    for item, total, (_, rewards, _, _, infos) in zip(
+        env.task.records, totals, step_all(env, guesses), strict=True
+    ):
         info = infos["main"]
         assert info["tests_total"] == total
         assert 0 <= info["tests_passed"] <= total
@@ -89,18 +98,27 @@ TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candi
         # correct and independent of aux: 0.4 + 0.6 + 0.5 + 1.0
         (TRIVIAL_AUX, "def add(a, b):\n    return a + b", 2.5),
         # correct, calls aux usefully: + 0.5 + 1.0
-        ("def aux(a, b):\n    return a + b",
-         "def add(a, b):\n    total = aux(a, b)\n    return int(total)", 4.0),
+        (
+            "def aux(a, b):\n    return a + b",
+            "def add(a, b):\n    total = aux(a, b)\n    return int(total)",
+            4.0,
+        ),
         # a thin wrapper: only + 0.5
         ("def aux(a, b):\n    return a + b", "def add(a, b):\n    return aux(a, b)", 3.0),
         # calls aux and ignores it: + 0.5 + 1.0 - 0.5
         (TRIVIAL_AUX, "def add(a, b):\n    aux(a)\n    return a + b", 3.5),
         # all tests fail: no cooperation bonus even though main calls aux
-        ("def aux(a, b):\n    return a - b", "def add(a, b):\n    s = aux(a, b)\n    return s + 1",
-         1.5),
+        (
+            "def aux(a, b):\n    return a - b",
+            "def add(a, b):\n    s = aux(a, b)\n    return s + 1",
+            1.5,
+        ),
         # markdown fences and prose around the code are fine
-        ("Here you go:\n```python\ndef aux(a, b):\n    return a + b\n```\nHope it helps",
-         "```python\ndef add(a, b):\n    result = aux(a, b)\n    return result * 1\n```", 4.0),
+        (
+            "Here you go:\n```python\ndef aux(a, b):\n    return a + b\n```\nHope it helps",
+            "```python\ndef add(a, b):\n    result = aux(a, b)\n    return result * 1\n```",
+            4.0,
+        ),
     ],
 )
 def test_coding_reward_levels(aux, main, expected):
@@ -114,8 +132,9 @@ def test_extraction_keeps_syntax_errors_visible_and_drops_demo_calls():
     demo = extract_definitions("def f(x):\n    return x\n\nprint(f(1))\nimport os", "f")
     assert "print" not in demo.source and "import os" in demo.source
     assert isinstance(demo.target, ast.FunctionDef)
-    renamed = extract_definitions("def aux(x):\n    return 1\n\ndef f(x):\n    return 2", "f",
-                                  exclude=frozenset({"aux"}))
+    renamed = extract_definitions(
+        "def aux(x):\n    return 1\n\ndef f(x):\n    return 2", "f", exclude=frozenset({"aux"})
+    )
     assert "aux" not in renamed.source
 
 

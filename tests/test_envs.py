@@ -3,11 +3,11 @@
 import copy
 
 import pytest
+from conftest import DATA
 from pettingzoo.test import api_test, parallel_api_test
 from pettingzoo.utils.conversions import parallel_to_aec
 
 import llm_marl_envs
-from conftest import DATA
 
 ENV_KWARGS = {
     "tldr-v0": {"data": DATA / "tldr_sample.jsonl"},
@@ -26,7 +26,10 @@ SAMPLE_ACTIONS = {
             "without hurting their relationship at work."
         ),
     },
-    "arxiv-v0": {"background": "Teams of models coordinate. " * 30, "method": "We train jointly. " * 45},
+    "arxiv-v0": {
+        "background": "Teams of models coordinate. " * 30,
+        "method": "We train jointly. " * 45,
+    },
     "humaneval-v0": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
     "coophumaneval-v0": {
         "aux": "def aux(ch):\n    return ch.lower() in 'aeiou'",
@@ -62,9 +65,9 @@ def test_parallel_api(env_id):
 
 @pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
 def test_aec_api(env_id):
-    api_test(parallel_to_aec(llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2)),
-             num_cycles=4)
-
+    api_test(
+        parallel_to_aec(llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2)), num_cycles=4
+    )
 
 
 @pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
@@ -106,8 +109,10 @@ def test_deepcopy_branches_share_data_but_not_state():
 def test_multi_turn_coding_feedback_and_early_termination():
     env = llm_marl_envs.make("coophumaneval-v0", **ENV_KWARGS["coophumaneval-v0"], max_turns=3)
     env.reset(options={"index": 0})
-    wrong = {"aux": "def aux(ch):\n    return ch in 'aeiou'",
-             "main": "def count_vowels(text):\n    return len(text)"}
+    wrong = {
+        "aux": "def aux(ch):\n    return ch in 'aeiou'",
+        "main": "def count_vowels(text):\n    return len(text)",
+    }
     observations, rewards, terminations, truncations, infos = env.step(wrong)
     assert not any(terminations.values()) and not any(truncations.values())
     assert "return len(text)" in observations["main"]
@@ -123,7 +128,9 @@ def test_multi_turn_coding_feedback_and_early_termination():
 def test_multi_turn_writing_feedback_names_the_failed_level():
     env = llm_marl_envs.make("tldr-v0", data=DATA / "tldr_sample.jsonl", max_turns=2)
     env.reset(options={"index": 0})
-    observations, rewards, *_ , infos = env.step({"concise": "Too short.", "detailed": "Also short."})
+    observations, rewards, *_, infos = env.step(
+        {"concise": "Too short.", "detailed": "Also short."}
+    )
     assert rewards["concise"] == 0.0 and infos["concise"]["failed_level"] == "structure"
     assert "'structure' level failed" in observations["detailed"]
     assert "Also short." in observations["detailed"]
@@ -179,5 +186,8 @@ def test_importing_the_envs_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, llm_marl_envs; assert 'torch' not in sys.modules and 'magrpo' not in sys.modules"
+    code = (
+        "import sys, llm_marl_envs\n"
+        "assert 'torch' not in sys.modules and 'magrpo' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

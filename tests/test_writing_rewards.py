@@ -40,8 +40,10 @@ def tldr(length_ratio: float = 2.0, vocab_ratio: float = 2.5) -> dict:
     return score_writing(first, second, TLDR_REWARD).parts
 
 
-@pytest.mark.parametrize("words,passes", [((8, 30), True), ((7, 30), False), ((10, 256), True),
-                                          ((10, 257), False), ((257, 30), False)])
+@pytest.mark.parametrize(
+    "words,passes",
+    [((8, 30), True), ((7, 30), False), ((10, 256), True), ((10, 257), False), ((257, 30), False)],
+)
 def test_tldr_structure_bounds(words, passes):
     first = sized(words[0], max(700, 6 * words[0]), min(words[0], 10), "zq")
     second = sized(words[1], 2 * len(first), min(words[1], 25), "vk")
@@ -51,9 +53,20 @@ def test_tldr_structure_bounds(words, passes):
         assert sum(parts.values()) == 0.0
 
 
-@pytest.mark.parametrize("ratio,expected", [(1.05, 0.0), (1.1, 0.0), (1.35, 0.5), (1.6, 1.0),
-                                            (2.5, 1.0), (3.2, 1.0), (4.1, 0.5), (5.0, 0.0),
-                                            (5.5, 0.0)])
+@pytest.mark.parametrize(
+    "ratio,expected",
+    [
+        (1.05, 0.0),
+        (1.1, 0.0),
+        (1.35, 0.5),
+        (1.6, 1.0),
+        (2.5, 1.0),
+        (3.2, 1.0),
+        (4.1, 0.5),
+        (5.0, 0.0),
+        (5.5, 0.0),
+    ],
+)
 def test_tldr_length_ratio_band(ratio, expected):
     parts = tldr(length_ratio=ratio)
     assert parts["length"] == pytest.approx(expected)
@@ -63,8 +76,9 @@ def test_tldr_length_ratio_band(ratio, expected):
         assert parts["vocabulary"] > 0
 
 
-@pytest.mark.parametrize("ratio,expected", [(1.2, 0.0), (1.3, 0.0), (1.65, 0.25), (2.0, 0.5),
-                                            (3.0, 0.5)])
+@pytest.mark.parametrize(
+    "ratio,expected", [(1.2, 0.0), (1.3, 0.0), (1.65, 0.25), (2.0, 0.5), (3.0, 0.5)]
+)
 def test_tldr_vocabulary_ratio_band(ratio, expected):
     parts = tldr(vocab_ratio=ratio)
     assert parts["vocabulary"] == pytest.approx(expected)
@@ -79,14 +93,36 @@ def arxiv(length_ratio: float = 1.1, vocab_ratio: float = 1.0) -> dict:
     return score_writing(first, second, ARXIV_REWARD).parts
 
 
-@pytest.mark.parametrize("ratio,expected", [(0.75, 0.0), (0.8, 0.0), (0.9, 0.5), (1.0, 1.0),
-                                            (1.3, 1.0), (1.4, 0.5), (1.5, 0.0), (1.6, 0.0)])
+@pytest.mark.parametrize(
+    "ratio,expected",
+    [
+        (0.75, 0.0),
+        (0.8, 0.0),
+        (0.9, 0.5),
+        (1.0, 1.0),
+        (1.3, 1.0),
+        (1.4, 0.5),
+        (1.5, 0.0),
+        (1.6, 0.0),
+    ],
+)
 def test_arxiv_length_ratio_band(ratio, expected):
     assert arxiv(length_ratio=ratio)["length"] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("ratio,expected", [(0.4, 0.0), (0.5, 0.0), (0.6, 0.25), (0.7, 0.5),
-                                            (1.3, 0.5), (1.5, 0.25), (1.7, 0.0), (1.8, 0.0)])
+@pytest.mark.parametrize(
+    "ratio,expected",
+    [
+        (0.4, 0.0),
+        (0.5, 0.0),
+        (0.6, 0.25),
+        (0.7, 0.5),
+        (1.3, 0.5),
+        (1.5, 0.25),
+        (1.7, 0.0),
+        (1.8, 0.0),
+    ],
+)
 def test_arxiv_vocabulary_ratio_band(ratio, expected):
     assert arxiv(vocab_ratio=ratio)["vocabulary"] == pytest.approx(expected)
 
@@ -103,8 +139,10 @@ def test_transition_score_counts_categories_whole_words_only():
     assert transition_score("However it rained.") == pytest.approx(0.4)
     # "was" contains "as", "also" contains "so": neither is a transition phrase match.
     assert transition_categories("it was alsoish") == []
-    text = ("First, however, for example, because, in summary, similarly, although, if, "
-            "meanwhile, indeed, in other words, furthermore")
+    text = (
+        "First, however, for example, because, in summary, similarly, although, if, "
+        "meanwhile, indeed, in other words, furthermore"
+    )
     assert len(transition_categories(text)) == 12
     assert transition_score(text) == pytest.approx(min(0.4 + 0.05 * 11, 1.0))
 
@@ -116,12 +154,16 @@ def test_style_level_combines_transitions_and_capped_jaccard():
     second = f"However, {detailed_words} {shared}; therefore, in summary, done."
     score = score_writing(first, second, TLDR_REWARD)
     assert score.failed_level is None
-    overlap = jaccard({w.lower() for w in first.replace(".", "").split()},
-                      {w.strip(",.;").lower() for w in second.split()} - {"however", "therefore",
-                                                                           "in", "summary", "done"})
+    overlap = jaccard(
+        {w.lower() for w in first.replace(".", "").split()},
+        {w.strip(",.;").lower() for w in second.split()}
+        - {"however", "therefore", "in", "summary", "done"},
+    )
     assert score.measurements["jaccard"] > 0.03 and overlap > 0.03
     assert score.parts["consistency"] == pytest.approx(0.6)  # saturated at the 0.03 cap
     assert score.parts["coherence"] == pytest.approx(0.4 * transition_score(second))
     total = sum(score.parts.values())
-    assert math.isclose(total, 0.5 + score.parts["length"] + score.parts["vocabulary"]
-                        + score.parts["coherence"] + 0.6)
+    assert math.isclose(
+        total,
+        0.5 + score.parts["length"] + score.parts["vocabulary"] + score.parts["coherence"] + 0.6,
+    )

@@ -45,8 +45,7 @@ def top_level_chunks(code: str) -> list[str]:
     tree = _parse(code)
     if tree is not None:
         return [
-            "\n".join(lines[_first_line(node) - 1 : node.end_lineno]).rstrip()
-            for node in tree.body
+            "\n".join(lines[_first_line(node) - 1 : node.end_lineno]).rstrip() for node in tree.body
         ]
     chunks: list[list[str]] = []
     for line in lines:
@@ -76,9 +75,11 @@ def _defined_name(chunk: str) -> str | None:
 class Snippet:
     """What one agent contributed: its imports and definitions as written, and its target."""
 
-    source: str             # the kept chunks, verbatim, ready to be placed in the program
-    target_source: str      # the chunk defining the requested function ("" when missing)
-    target: ast.FunctionDef | ast.AsyncFunctionDef | None  # its syntax tree, None if it does not parse
+    source: str  # the kept chunks, verbatim, ready to be placed in the program
+    target_source: str  # the chunk defining the requested function ("" when missing)
+    target: (
+        ast.FunctionDef | ast.AsyncFunctionDef | None
+    )  # its syntax tree, None if it does not parse
 
 
 def extract_definitions(text: str, target: str, exclude: frozenset[str] = frozenset()) -> Snippet:
@@ -101,8 +102,11 @@ def extract_definitions(text: str, target: str, exclude: frozenset[str] = frozen
         kept.append(chunk)
     tree = _parse(target_source) if target_source else None
     function = next(
-        (node for node in (tree.body if tree else [])
-         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == target),
+        (
+            node
+            for node in (tree.body if tree else [])
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == target
+        ),
         None,
     )
     return Snippet("\n\n".join(kept), target_source, function)
@@ -120,8 +124,11 @@ def problem_context(prompt: str, entry_point: str) -> str:
             line for line in prompt.splitlines() if re.match(r"(import |from \S+ import )", line)
         )
     return "\n\n".join(
-        ast.unparse(node) for node in tree.body
-        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point)
+        ast.unparse(node)
+        for node in tree.body
+        if not (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point
+        )
         and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
     )
 
@@ -149,13 +156,14 @@ def returns_value(snippet: Snippet) -> bool:
 @dataclass(frozen=True)
 class AuxUsage:
     calls_aux: bool
-    thin_wrapper: bool      # main only forwards to aux: ``return aux(...)`` or ``x = aux(...); return x``
-    ignores_result: bool    # every call of aux discards its result
+    thin_wrapper: (
+        bool  # main only forwards to aux: ``return aux(...)`` or ``x = aux(...); return x``
+    )
+    ignores_result: bool  # every call of aux discards its result
 
 
 def _is_aux_call(node: ast.AST | None, helper: str) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == helper)
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == helper
 
 
 def _body_without_docstring(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
@@ -171,8 +179,11 @@ def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef | None, helper: str =
     calls = [node for node in ast.walk(main) if _is_aux_call(node, helper)]
     if not calls:
         return AuxUsage(False, False, False)
-    discarded = {id(stmt.value) for stmt in ast.walk(main)
-                 if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value, helper)}
+    discarded = {
+        id(stmt.value)
+        for stmt in ast.walk(main)
+        if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value, helper)
+    }
     ignores_result = all(id(call) in discarded for call in calls)
 
     body = _body_without_docstring(main)
@@ -180,9 +191,12 @@ def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef | None, helper: str =
         len(body) == 1 and isinstance(body[0], ast.Return) and _is_aux_call(body[0].value, helper)
     ) or (
         len(body) == 2
-        and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
-        and isinstance(body[0].targets[0], ast.Name) and _is_aux_call(body[0].value, helper)
-        and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name)
+        and isinstance(body[0], ast.Assign)
+        and len(body[0].targets) == 1
+        and isinstance(body[0].targets[0], ast.Name)
+        and _is_aux_call(body[0].value, helper)
+        and isinstance(body[1], ast.Return)
+        and isinstance(body[1].value, ast.Name)
         and body[1].value.id == body[0].targets[0].id
     )
     return AuxUsage(True, thin, ignores_result)

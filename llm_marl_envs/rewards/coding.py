@@ -23,7 +23,9 @@ TESTS = 1.0
 CALLS_AUX_BONUS = 0.5
 NOT_A_WRAPPER_BONUS = 1.0
 IGNORED_RESULT_PENALTY = -0.5
-MAX_CODING_REWARD = AUX_STRUCTURE + MAIN_STRUCTURE + SYNTAX + TESTS + CALLS_AUX_BONUS + NOT_A_WRAPPER_BONUS
+MAX_CODING_REWARD = (
+    AUX_STRUCTURE + MAIN_STRUCTURE + SYNTAX + TESTS + CALLS_AUX_BONUS + NOT_A_WRAPPER_BONUS
+)
 PART_NAMES = ("aux_structure", "main_structure", "syntax", "tests", "cooperation")
 HELPER_NAME = "aux"
 MAX_FEEDBACK_FAILURES = 3
@@ -32,8 +34,8 @@ MAX_FEEDBACK_FAILURES = 3
 @dataclass(frozen=True)
 class CodingScore:
     parts: dict[str, float]
-    details: dict[str, object]   # deterministic: counts, flags and short messages
-    report: TestReport | None    # None when the tests did not run
+    details: dict[str, object]  # deterministic: counts, flags and short messages
+    report: TestReport | None  # None when the tests did not run
     program: str
 
 
@@ -80,8 +82,9 @@ def score_coding(
         return CodingScore(parts, details, None, program)
     parts["syntax"] = SYNTAX
 
-    report = run_tests(TestJob(program=program, test_code=test_code, entry_point=entry_point),
-                       sandbox_settings)
+    report = run_tests(
+        TestJob(program=program, test_code=test_code, entry_point=entry_point), sandbox_settings
+    )
     details["tests_passed"] = report.passed
     details["test_status"] = report.status
     if report.total:

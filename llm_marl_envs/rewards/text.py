@@ -29,7 +29,7 @@ def jaccard(first: set[str], second: set[str]) -> float:
 
 
 def ratio(numerator: float, denominator: float) -> float:
-    """``numerator / denominator``; 0 when the denominator is 0 (a level then fails, not crashes)."""
+    """``numerator / denominator``; 0 for a zero denominator (the level fails, no crash)."""
     return numerator / denominator if denominator else 0.0
 
 
@@ -38,7 +38,8 @@ def _category_patterns() -> dict[str, re.Pattern[str]]:
     """One regex per category; a phrase matches only between non-word characters."""
     return {
         name: re.compile(
-            r"(?<!\w)(?:" + "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
+            r"(?<!\w)(?:"
+            + "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
             + r")(?!\w)"
         )
         for name, phrases in TRANSITION_CATEGORIES.items()

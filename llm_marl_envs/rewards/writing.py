@@ -19,8 +19,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .text import content_words, jaccard, ratio, transition_categories, transition_score
-from .text import unique_words, word_count
+from .text import (
+    content_words,
+    jaccard,
+    ratio,
+    transition_categories,
+    transition_score,
+    unique_words,
+    word_count,
+)
 
 STRUCTURE_WEIGHT = 0.5
 LENGTH_WEIGHT = 1.0
@@ -128,17 +135,25 @@ def writing_feedback(score: WritingScore, spec: WritingRewardSpec, roles: tuple[
     first, second = roles
     m = score.measurements
     low, high = spec.word_range
-    lines = [f"Word counts: {first} {m['words_first']}, {second} {m['words_second']} "
-             f"(each must be {low}-{high})."]
+    lines = [
+        f"Word counts: {first} {m['words_first']}, {second} {m['words_second']} "
+        f"(each must be {low}-{high})."
+    ]
     if "length_ratio" in m:
-        lines.append(f"Length ratio {second}/{first}: {m['length_ratio']:.2f} "
-                     f"(best {spec.length_band.describe()}).")
+        lines.append(
+            f"Length ratio {second}/{first}: {m['length_ratio']:.2f} "
+            f"(best {spec.length_band.describe()})."
+        )
     if "vocabulary_ratio" in m:
-        lines.append(f"Unique-word ratio {second}/{first}: {m['vocabulary_ratio']:.2f} "
-                     f"(best {spec.vocabulary_band.describe()}).")
+        lines.append(
+            f"Unique-word ratio {second}/{first}: {m['vocabulary_ratio']:.2f} "
+            f"(best {spec.vocabulary_band.describe()})."
+        )
     if "jaccard" in m:
-        lines.append(f"Transition-phrase categories used: {m['transition_categories']}; "
-                     f"shared content words (Jaccard): {m['jaccard']:.3f}.")
+        lines.append(
+            f"Transition-phrase categories used: {m['transition_categories']}; "
+            f"shared content words (Jaccard): {m['jaccard']:.3f}."
+        )
     if score.failed_level is None:
         lines.append("Every level was reached; improve style to raise the reward.")
     else:

@@ -43,14 +43,25 @@ class CodingTask(Task):
         self.sandbox_settings = sandbox_settings
 
     def prompts(self, item: Mapping[str, Any]) -> dict[str, str]:
-        fields = {"helper": HELPER_NAME, "entry_point": item["entry_point"],
-                  "prompt": item["prompt"].strip()}
-        return {"aux": AUX_INSTRUCTIONS.format(**fields),
-                "main": MAIN_INSTRUCTIONS.format(**fields)}
+        fields = {
+            "helper": HELPER_NAME,
+            "entry_point": item["entry_point"],
+            "prompt": item["prompt"].strip(),
+        }
+        return {
+            "aux": AUX_INSTRUCTIONS.format(**fields),
+            "main": MAIN_INSTRUCTIONS.format(**fields),
+        }
 
     def evaluate(self, item: Mapping[str, Any], actions: Mapping[str, str]) -> Evaluation:
-        score = score_coding(item["prompt"], item["test"], item["entry_point"],
-                             actions["aux"], actions["main"], self.sandbox_settings)
+        score = score_coding(
+            item["prompt"],
+            item["test"],
+            item["entry_point"],
+            actions["aux"],
+            actions["main"],
+            self.sandbox_settings,
+        )
         details = score.details
         return Evaluation(
             reward_parts=score.parts,

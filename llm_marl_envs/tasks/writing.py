@@ -34,8 +34,9 @@ class WritingTask(Task):
     instructions: Mapping[str, str] = {}
     max_reward = MAX_WRITING_REWARD
 
-    def __init__(self, records: Records, *, min_words: int | None = None,
-                 max_words: int | None = None):
+    def __init__(
+        self, records: Records, *, min_words: int | None = None, max_words: int | None = None
+    ):
         super().__init__(records)
         low, high = self.reward_spec.word_range
         low = low if min_words is None else min_words
