@@ -69,26 +69,36 @@ def looks_like_path(source: str) -> bool:
     )
 
 
+def _load_folder(path: Path, split: str):
+    """A ``save_to_disk`` folder, or a folder of data files named by split (``train.jsonl``...).
+
+    The second kind is loaded by ``datasets`` itself, which infers the splits from file names.
+    """
+    import datasets
+
+    saved = (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()
+    try:
+        loaded = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
+    except Exception as error:  # noqa: BLE001 - the loader's own message is passed on
+        raise DataUnavailableError(
+            f"Could not read the dataset folder {path}: {error}. A folder must be written by "
+            "`save_to_disk`, or hold data files named by split (train.jsonl, test.jsonl, ...)."
+        ) from error
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataUnavailableError(
+                f"The dataset folder {path} has the splits {sorted(loaded)}, not {split!r}. "
+                "Pass split= with one of them."
+            )
+        return loaded[split]
+    return loaded
+
+
 def _load_local(path: Path, split: str):
     import datasets
 
     if path.is_dir():
-        try:
-            loaded = datasets.load_from_disk(str(path))
-        except Exception as error:  # noqa: BLE001 - any failure means "not a dataset folder"
-            raise DataUnavailableError(
-                f"{path} is a folder but not a dataset saved with `save_to_disk` ({error}). "
-                "Pass a .json, .jsonl or .parquet file, or a folder written by "
-                "`Dataset.save_to_disk`."
-            ) from error
-        if isinstance(loaded, datasets.DatasetDict):
-            if split not in loaded:
-                raise DataUnavailableError(
-                    f"The dataset folder {path} has splits {sorted(loaded)}, not {split!r}. "
-                    "Pass split= with one of them."
-                )
-            return loaded[split]
-        return loaded
+        return _load_folder(path, split)
     builder = _local_format(path)
     if builder is None:
         raise DataUnavailableError(

@@ -182,6 +182,16 @@ def test_save_to_disk_folder_and_parquet(tmp_path):
         assert env.num_items == len(table)
 
 
+def test_folder_of_split_files_selects_the_split(tmp_path):
+    lines = (DATA / "tldr_sample.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "train.jsonl").write_text("".join(lines[:8]))
+    (tmp_path / "test.jsonl").write_text("".join(lines[8:]))
+    assert llm_marl_envs.make("tldr-v0", data=tmp_path, split="train").num_items == 8
+    assert llm_marl_envs.make("tldr-v0", data=tmp_path, split="test").num_items == len(lines) - 8
+    with pytest.raises(llm_marl_envs.DataUnavailableError, match="has the splits"):
+        llm_marl_envs.make("tldr-v0", data=tmp_path, split="validation")
+
+
 def test_importing_the_envs_does_not_import_torch():
     import subprocess
     import sys
