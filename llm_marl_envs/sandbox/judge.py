@@ -1,11 +1,12 @@
 """Trusted side of a sandbox run: runs the instrumented ``check`` and reports to the parent.
 
-Started by the parent as ``python -S -s -B judge.py`` in a new session with a scrubbed
-environment.  It reads one job frame on stdin, optionally enters fresh namespaces and a
-minimal read-only root (``nsroot``), starts the untrusted worker process, and runs the test
-code itself.  Every function the test code needs from the program (the entry point,
-helpers like ``poly``) is a :class:`Proxy`: calling it sends plain arguments to the worker
-and gets back a plain value or an exception name, under a deadline.  So the outcome of
+Forked by the zygote (see ``zygote``) as a new session with a scrubbed environment, stdin,
+stdout and stderr wired to the parent's pipes.  It reads one job frame on stdin, optionally
+enters fresh namespaces and a minimal read-only root (``nsroot``), starts the untrusted
+worker process, and runs the test code itself.  Every function the test code needs from
+the program (the entry point, helpers like ``poly``) is a :class:`Proxy`: calling it sends
+plain arguments to the worker and gets back a plain value or an exception name, under a
+deadline.  So the outcome of
 every assert is computed here, by code the program cannot reach, on values that cannot
 carry program behaviour.
 
@@ -84,13 +85,16 @@ def rebuild(name: str, message: str) -> Exception:
 
 def _read_sources() -> list[str]:
     """The worker's code, passed on its command line: nothing of the package needs to be
-    reachable from inside the sandbox (read before the judge chroots)."""
+    reachable from inside the sandbox (read at import, before any chroot)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sources = []
     for name in ("codec.py", "worker.py"):
         with open(os.path.join(here, name), encoding="utf-8") as handle:
             sources.append(handle.read())
     return sources
+
+
+SOURCES = _read_sources()
 
 
 class Worker:
@@ -383,7 +387,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     memory = job["memory_limit"] + (256 << 20)  # the judge runs trusted code: headroom
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    job["sources"] = _read_sources()
+    job["sources"] = SOURCES
     enter_pid_namespace = None
     if job["isolation"] == "namespaces":
         try:
@@ -395,6 +399,3 @@ def main() -> None:
     status, error = run(job, recorder, enter_pid_namespace)
     recorder.send(("done", status, error))
 
-
-if __name__ == "__main__":
-    main()

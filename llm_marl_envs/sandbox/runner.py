@@ -1,8 +1,8 @@
 """Parent side: run jobs through judge processes and turn their records into reports.
 
 The parent never parses or executes program text.  It validates the (trusted) test code,
-claims a sandbox uid, starts ``judge.py`` in a new session with a scrubbed environment,
-sends the job on stdin, and reads nonce-tagged records from the judge's stdout.  The whole
+claims a sandbox uid, has the zygote fork a judge in a new session (``forkserver``),
+sends the job on its stdin, and reads nonce-tagged records from the judge's stdout.  The whole
 session is killed shortly after the total budget, the working directory is removed, and
 releasing the slot kills every process and removes every shared file of the sandbox uid.
 A report is built only from records that carry the nonce; asserts without a record count
@@ -15,27 +15,26 @@ import contextlib
 import logging
 import os
 import secrets
+import selectors
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 
-from . import checks, codec, isolation, slots
+from . import checks, codec, forkserver, isolation, slots
 from .api import TestJob, TestOutcome, TestReport
 from .settings import SandboxSettings
 
 logger = logging.getLogger("llm_marl_envs.sandbox")
 
-JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py")
+OUTPUT_CAP = 16 << 20  # bytes kept from the judge's stdout/stderr
 KILL_GRACE = 1.0  # seconds after total_timeout before the parent kills the judge
 NONCE_BYTES = 16
 NS_WORKDIR = "/sandbox"
-_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
 
 
 def count_tests(test_code: str) -> int:
@@ -84,13 +83,12 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
             **asdict(job), **asdict(settings), "isolation": mode, "uid": uid,
             "workdir": workdir, "worker_python": python, "nonce": nonce,
         }
-        output, timed_out, returncode, stderr = _drive(request, settings.total_timeout)
+        output, timed_out, stderr = _drive(request, settings.total_timeout)
     records = _parse(output, nonce)
     if records and records[-1][0] == "fatal":
         raise isolation.SandboxUnavailableError(f"sandbox setup failed: {records[-1][1]}")
     if not any(r[0] == "done" for r in records) and not timed_out:
-        tail = stderr[-2000:].decode("utf-8", "replace")
-        logger.warning("sandbox judge died (exit status %s): %s", returncode, tail)
+        logger.warning("sandbox judge died: %s", stderr[-2000:].decode("utf-8", "replace"))
     return _report(sources, records, timed_out, settings.total_timeout)
 
 
@@ -122,28 +120,48 @@ def _force_remove(function: object, path: str, exc_info: object) -> None:
         os.unlink(path)
 
 
-def _drive(request: dict, total_timeout: float) -> tuple[bytes, bool, int, bytes]:
-    """Start the judge, feed it the job, collect its output; kill it at the deadline."""
-    proc = subprocess.Popen(
-        [sys.executable, "-S", "-s", "-B", JUDGE],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, cwd="/", env=_ENV,
-    )
-    payload = codec.encode(request, 1 << 30)
-    frame = len(payload).to_bytes(4, "big") + payload
-    timed_out = False
+def _drive(request: dict, total_timeout: float) -> tuple[bytes, bool, bytes]:
+    """Fork a judge, feed it the job, collect its output; kill it at the deadline."""
+    deadline = time.monotonic() + total_timeout + KILL_GRACE
+    pid, stdin_w, stdout_r, stderr_r = forkserver.SERVER.spawn()
+    timed_out = True
     try:
-        output, stderr = proc.communicate(frame, timeout=total_timeout + KILL_GRACE)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        output, stderr = proc.communicate()
+        payload = codec.encode(request, 1 << 30)
+        os.set_blocking(stdin_w, False)
+        with contextlib.suppress(TimeoutError, BrokenPipeError):
+            codec.write_frame(stdin_w, payload, deadline)
+        os.close(stdin_w)
+        stdin_w = -1
+        streams = {stdout_r: bytearray(), stderr_r: bytearray()}
+        timed_out = not _collect(streams, deadline)
+        return bytes(streams[stdout_r]), timed_out, bytes(streams[stderr_r])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return output, timed_out, proc.returncode, stderr
+        if timed_out:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        for fd in (stdin_w, stdout_r, stderr_r):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _collect(streams: dict[int, bytearray], deadline: float) -> bool:
+    """Read every stream to EOF (capped); False if the deadline came first."""
+    with selectors.DefaultSelector() as selector:
+        for fd in streams:
+            selector.register(fd, selectors.EVENT_READ)
+        open_fds = set(streams)
+        while open_fds:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    open_fds.discard(key.fd)
+                elif len(streams[key.fd]) < OUTPUT_CAP:
+                    streams[key.fd] += chunk
+    return True
 
 
 def _parse(output: bytes, nonce: bytes) -> list[tuple]:

@@ -1,0 +1,103 @@
+"""Parent-side client of the judge zygote (see ``zygote``).
+
+One zygote per parent process, started lazily and shared by all threads; requests are
+serialized by a lock.  If the zygote died it is restarted once per request.  A process
+forked from the parent forgets the inherited zygote and starts its own: sharing the control
+socket across processes would interleave replies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
+
+
+class ForkServer:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def forget(self) -> None:
+        """After fork, in the child: the zygote, socket and lock belong to the parent."""
+        self._lock = threading.Lock()
+        self._socket = None
+        self._proc = None
+
+    def spawn(self) -> tuple[int, int, int, int]:
+        """Fork a judge; return (pid, stdin write end, stdout read end, stderr read end)."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        try:
+            with self._lock:
+                pid = self._request([stdin_r, stdout_w, stderr_w])
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
+        return pid, stdin_w, stdout_r, stderr_r
+
+    def _request(self, fds: list[int]) -> int:
+        for attempt in range(2):
+            if self._socket is None or self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            try:
+                socket.send_fds(self._socket, [b"spawn"], fds)
+                reply = b""
+                while len(reply) < 8:
+                    chunk = self._socket.recv(8 - len(reply))
+                    if not chunk:
+                        raise ConnectionError("judge zygote exited")
+                    reply += chunk
+                return int.from_bytes(reply, "big")
+            except OSError:
+                self._stop()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-S", "-s", "-B", ZYGOTE, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True, cwd="/", env=ENV,
+            )
+        finally:
+            theirs.close()
+        self._socket = ours
+
+    def _stop(self) -> None:
+        """Close our end: the zygote sees EOF and exits (judges in flight finish alone)."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+SERVER = ForkServer()
+atexit.register(SERVER.close)
+os.register_at_fork(after_in_child=SERVER.forget)
