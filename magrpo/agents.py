@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import re
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,11 @@ class _Backend:
             if source is not None:
                 eos.update([source] if isinstance(source, int) else source)
         self.eos_ids = sorted(eos)
+        forward = (
+            model.get_base_model().forward if hasattr(model, "get_base_model") else model.forward
+        )
+        parameters = inspect.signature(forward).parameters
+        self.cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -106,6 +112,12 @@ class _Backend:
 
 def _adapter_name(agent: str) -> str:
     return re.sub(r"\W", "_", agent) or "agent"
+
+
+def _output_cache(output):
+    """The KV cache of a forward output (``cache`` in transformers >= 5.2x, else the old name)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -143,20 +155,32 @@ class Policies:
             rows = [i for i, (agent, _) in enumerate(requests) if agent in backend.adapter]
             if not rows:
                 continue
+            agents = [requests[i][0] for i in rows]
             prompts = [self.encode_prompt(*requests[i]) for i in rows]
-            batch_prompts = [p for p in prompts for _ in range(num_samples)]
-            batch_agents = [requests[i][0] for i in rows for _ in range(num_samples)]
-            outputs = self._generate(backend, batch_agents, batch_prompts, params)
+            outputs = self._generate(backend, agents, prompts, num_samples, params)
             for k, completion_ids in enumerate(outputs):
-                request_index = rows[k // num_samples]
+                row = k // num_samples
                 length = completion_length(completion_ids, backend.eos_ids)
                 kept = completion_ids[:length]
                 text = backend.tokenizer.decode(kept, skip_special_tokens=True)
                 finished = length > 0 and kept[-1] in backend.eos_ids
-                results[request_index].append(
-                    Completion(batch_agents[k], text, batch_prompts[k], kept, finished)
+                results[rows[row]].append(
+                    Completion(agents[row], text, prompts[row], kept, finished)
                 )
         return results
+
+    def _prefill(self, model, backend: _Backend, agents: Sequence[str], prompts, reference=False):
+        """Run the prompts once (left-padded); returns (padded ids, mask, forward output)."""
+        input_ids, attention_mask, _ = backend.pad_batch(prompts)
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=_position_ids(attention_mask),
+            use_cache=True,
+            logits_to_keep=1,
+            **backend.adapter_kwargs(agents, reference=reference),
+        )
+        return input_ids, attention_mask, output
 
     @torch.inference_mode()
     def _generate(
@@ -164,9 +188,28 @@ class Policies:
         backend: _Backend,
         agents: list[str],
         prompts: list[list[int]],
+        num_samples: int,
         params: SamplingParams,
     ) -> list[list[int]]:
+        """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
+
+        The G samples of a prompt share its prefill: the prompt minus its last token is run
+        once and its KV cache repeated G times; ``generate`` then only decodes.
+        """
         input_ids, attention_mask, width = backend.pad_batch(prompts)
+        cache_kwargs = {}
+        if width > 1 and num_samples > 1:
+            output = backend.model(
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=_position_ids(attention_mask[:, :-1]),
+                use_cache=True,
+                logits_to_keep=1,
+                **backend.adapter_kwargs(agents),
+            )
+            cache = _output_cache(output)
+            cache.batch_repeat_interleave(num_samples)
+            cache_kwargs = {backend.cache_kwarg: cache}
         greedy = params.temperature == 0
         sampling = (
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -179,44 +222,61 @@ class Policies:
             }
         )
         output = backend.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.repeat_interleave(num_samples, dim=0),
+            attention_mask=attention_mask.repeat_interleave(num_samples, dim=0),
             max_new_tokens=params.max_new_tokens,
             pad_token_id=backend.pad_id,
             eos_token_id=backend.eos_ids,
+            **cache_kwargs,
             **sampling,
-            **backend.adapter_kwargs(agents),
+            **backend.adapter_kwargs([a for a in agents for _ in range(num_samples)]),
         )
         return output[:, width:].tolist()
 
     # --- log-probs -----------------------------------------------------------------------
     def logprobs(self, completions: Sequence[Completion], reference: bool = False) -> LogprobBatch:
-        """Token log-probs of completions that share one model (one forward pass).
+        """Token log-probs [B, T] of completions that share one model, and their mask.
 
-        ``reference=True``: the reference policy (LoRA: the base, adapters off), no grad.
+        Each distinct (agent, prompt) is run once; its KV cache (with gradients) is then
+        indexed to the rows of its completions, which are run in one pass on top of it. The
+        G samples of a group thus cost one prompt, not G. ``reference=True``: the reference
+        policy (LoRA: the base, adapters off), without gradients.
         """
         backend = self.backend_of[completions[0].agent]
         agents = [c.agent for c in completions]
         if any(self.backend_of[a] is not backend for a in agents):
             raise ValueError("a log-prob batch must come from one model; see group_key()")
-        input_ids, attention_mask, width = backend.pad_batch(
-            [c.prompt_ids for c in completions], [c.completion_ids for c in completions]
-        )
-        tail = input_ids.shape[1] - width
+        keys = [(c.agent, tuple(c.prompt_ids)) for c in completions]
+        unique = list(dict.fromkeys(keys))
+        position = {key: i for i, key in enumerate(unique)}
+        device = backend.device
+        rows = torch.tensor([position[key] for key in keys], device=device)
+        width = max(len(c.completion_ids) for c in completions)
+        targets = torch.full((len(completions), width), backend.pad_id, dtype=torch.long)
+        for row, completion in enumerate(completions):
+            targets[row, : len(completion.completion_ids)] = torch.tensor(completion.completion_ids)
+        targets = targets.to(device)
+        lengths = torch.tensor([len(c.completion_ids) for c in completions], device=device)
+        mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
+            _, prompt_mask, prompt_out = self._prefill(
+                model, backend, [a for a, _ in unique], [list(p) for _, p in unique], reference
+            )
+            cache = _output_cache(prompt_out)
+            cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
+            prompt_mask = prompt_mask[rows]
             output = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=_position_ids(attention_mask),
-                logits_to_keep=tail + 1,
-                use_cache=False,
+                input_ids=targets,
+                attention_mask=torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
+                position_ids=prompt_mask.sum(-1, keepdim=True)
+                + torch.arange(width, device=device)[None, :],
+                use_cache=True,
+                **{backend.cache_kwarg: cache},
                 **backend.adapter_kwargs(agents, reference=reference),
             )
-        targets = input_ids[:, width:]
-        logprobs = token_logprobs(output.logits[:, :-1], targets)
-        lengths = torch.tensor([len(c.completion_ids) for c in completions], device=targets.device)
-        return LogprobBatch(logprobs, completion_mask(targets, lengths))
+        logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
+        return LogprobBatch(token_logprobs(logits, targets), mask)
 
     @contextlib.contextmanager
     def _reference_context(self, backend: _Backend, reference: bool) -> Iterator[torch.nn.Module]:
