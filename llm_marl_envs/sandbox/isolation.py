@@ -1,4 +1,4 @@
-"""Choosing the isolation mode and the interpreter the untrusted worker runs.
+"""Choosing the isolation mode and the interpreter the sandbox processes run.
 
 "namespaces": the judge unshares mount, network, IPC and UTS namespaces, builds a minimal
 read-only root on a size-limited tmpfs and chroots into it (see ``nsroot``); each worker
@@ -50,8 +50,9 @@ def resolve(requested: str, probe: Callable[[], str]) -> str:
     return "rlimits"
 
 
-def worker_python(mode: str) -> str:
-    """Interpreter for the worker: it must be executable by the unprivileged sandbox uid.
+def sandbox_python(mode: str) -> str:
+    """Interpreter of the zygote, judges and workers (workers are forks of the zygote, so
+    it must be executable, with its standard library, by the unprivileged sandbox uid).
 
     In namespaces mode the judge bind-mounts the interpreter's prefix into a world-readable
     root, so the current interpreter always works.  In rlimits mode as root, the current

@@ -87,10 +87,14 @@ def enter(job: dict) -> Callable[[], None]:
     os.mkdir(NEW_ROOT + job["workdir"], 0o700)
     if job["uid"] is not None:
         os.chown(NEW_ROOT + job["workdir"], job["uid"], job["uid"])
+    # unshare(CLONE_NEWPID) works once per process; setns() back to our own PID namespace
+    # first resets it, so each replacement worker gets a fresh namespace too.
+    own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     os.chroot(NEW_ROOT)
     os.chdir("/")
 
     def enter_pid_namespace() -> None:
+        _check(_libc.setns(own_pid_namespace, CLONE_NEWPID), "setns(CLONE_NEWPID)")
         _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
 
     return enter_pid_namespace

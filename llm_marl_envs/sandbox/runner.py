@@ -73,17 +73,21 @@ def _probe_namespaces() -> str:
 def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     if not job.entry_point.isidentifier():
         raise ValueError(f"entry_point must be an identifier, got {job.entry_point!r}")
-    sources = checks.assert_sources(job.test_code)  # ValueError on broken test code
-    if checks.parse_test_code(job.test_code)[1] is None:
+    module, check = checks.parse_test_code(job.test_code)  # ValueError on broken test code
+    if check is None:
         raise ValueError("test_code defines no check() function")
+    sources = checks.assert_sources(job.test_code)
+    names = sorted(set(checks.free_names(module)) | {job.entry_point})
     nonce = secrets.token_bytes(NONCE_BYTES)
-    python = isolation.worker_python(mode)
+    python = isolation.sandbox_python(mode)
     with slots.acquire() as uid, _workdir(mode, uid) as workdir:
-        request = {
-            **asdict(job), **asdict(settings), "isolation": mode, "uid": uid,
-            "workdir": workdir, "worker_python": python, "nonce": nonce,
+        public = {
+            **asdict(settings), "program": job.program, "entry_point": job.entry_point,
+            "names": names, "isolation": mode, "uid": uid, "workdir": workdir,
+            "worker_python": python,
         }
-        output, timed_out, stderr = _drive(request, settings.total_timeout)
+        secret = {"test_code": job.test_code, "nonce": nonce}
+        output, timed_out, stderr = _drive(python, [public, secret], settings.total_timeout)
     records = _parse(output, nonce)
     if records and records[-1][0] == "fatal":
         raise isolation.SandboxUnavailableError(f"sandbox setup failed: {records[-1][1]}")
@@ -120,16 +124,16 @@ def _force_remove(function: object, path: str, exc_info: object) -> None:
         os.unlink(path)
 
 
-def _drive(request: dict, total_timeout: float) -> tuple[bytes, bool, bytes]:
-    """Fork a judge, feed it the job, collect its output; kill it at the deadline."""
+def _drive(python: str, frames: list[dict], total_timeout: float) -> tuple[bytes, bool, bytes]:
+    """Fork a judge, feed it the job frames, collect its output; kill it at the deadline."""
     deadline = time.monotonic() + total_timeout + KILL_GRACE
-    pid, stdin_w, stdout_r, stderr_r = forkserver.SERVER.spawn()
+    pid, stdin_w, stdout_r, stderr_r = forkserver.spawn(python)
     timed_out = True
     try:
-        payload = codec.encode(request, 1 << 30)
         os.set_blocking(stdin_w, False)
         with contextlib.suppress(TimeoutError, BrokenPipeError):
-            codec.write_frame(stdin_w, payload, deadline)
+            for frame in frames:
+                codec.write_frame(stdin_w, codec.encode(frame, 1 << 30), deadline)
         os.close(stdin_w)
         stdin_w = -1
         streams = {stdout_r: bytearray(), stderr_r: bytearray()}

@@ -6,8 +6,9 @@ sends only "call f(*args)" requests and decodes the replies into fresh builtin o
 nothing the program does in this process (patching builtins, walking frames, printing fake
 results, exiting early) can mark a test as passed; at worst it makes its own calls fail.
 
-The judge starts it with ``python -S -s -B -c BOOTSTRAP codec_src worker_src args...`` so
-that no file of the package has to be reachable from inside the sandbox.
+The judge forks it (first worker) or starts it as ``python -S -s -B -c BOOTSTRAP codec_src
+worker_src args...`` (replacements), so no file of the package has to be reachable from
+inside the sandbox.
 
 Protocol (codec frames): first request ``(program, names)``, reply ``("ok", {name: kind})``
 or ``("error", message)``; then requests ``(name, args, kwargs)``, replies ``("ok", value)``
@@ -29,8 +30,12 @@ MESSAGE_CAP = 300
 
 
 def main(argv: list[str]) -> None:
-    req_fd, rep_fd, output_limit = int(argv[0]), int(argv[1]), int(argv[2])
-    audit = argv[3] == "1"
+    """Entry point of a re-exec'd worker (see ``workerproc.BOOTSTRAP``)."""
+    serve(int(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "1")
+
+
+def serve(req_fd: int, rep_fd: int, output_limit: int, audit: bool) -> None:
+    """Load the program sent on ``req_fd``, then answer calls until EOF."""
     sys.argv = ["program"]
     random.seed(0)  # programs that use random get the same results on every run
     frame = codec.read_frame(req_fd, REQUEST_LIMIT)
