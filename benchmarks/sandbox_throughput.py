@@ -33,6 +33,7 @@ from llm_marl_envs.sandbox import (
     SandboxSettings,
     SandboxUnavailableError,
     TestJob,
+    forkserver,
     run_many,
     run_tests,
 )
@@ -103,17 +104,19 @@ def measure(run: Callable[[], int], count: int, repeats: int) -> tuple[float, in
     return statistics.median(rates), passed
 
 
-def latency_ms(mode: str, runs: int = 30) -> float:
-    """Median wall time of one sequential run of a trivial program (per-program overhead)."""
+def overhead_ms(mode: str, runs: int = 50) -> tuple[float, float]:
+    """Per-program overhead on a trivial program run sequentially: median wall time, and
+    CPU time of all sandbox processes (zygote, judges, workers; parent excluded)."""
     job = TestJob("def f(x):\n    return x\n", "def check(c):\n    assert c(1) == 1\n", "f")
     settings = SandboxSettings(isolation=mode)
     run_tests(job, settings)
     times = []
+    cpu = forkserver.cpu_seconds()
     for _ in range(runs):
         start = time.perf_counter()
         run_tests(job, settings)
         times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(times), 1000 * (forkserver.cpu_seconds() - cpu) / runs
 
 
 def main() -> None:
@@ -141,8 +144,9 @@ def main() -> None:
         except SandboxUnavailableError as exc:
             print(f"sandbox ({mode}): unavailable: {exc}")
             continue
+        wall, cpu = overhead_ms(mode)
         print(f"sandbox run_many ({mode:10s}) {rate:6.1f} programs/s  ({passed}/{count} pass)"
-              f"  sequential latency {latency_ms(mode):.0f} ms/program")
+              f"  per program: {wall:.0f} ms wall, {cpu:.1f} ms CPU (trivial program)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import builtins
 import importlib
 import os
 import random
+import re
 import resource
 import sys
 import time
@@ -31,6 +32,7 @@ from workerproc import CandidateError, LoadFailure, Timeout, Worker
 
 JOB_LIMIT = 64 << 20
 ERROR_CAP = 300
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 UNSAFE_MODULES = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"})
 
 
@@ -39,12 +41,14 @@ class Abort(BaseException):
 
 
 def describe(exc: BaseException) -> str:
-    """Deterministic, capped description of an exception seen by the judge."""
+    """Deterministic, capped description of an exception seen by the judge (object
+    addresses, as in "<Foo object at 0x7f...>", are masked)."""
     name = exc.name if isinstance(exc, CandidateError) else type(exc).__name__
     try:
         message = getattr(exc, "sandbox_message", None) or str(exc)
     except Exception:  # noqa: BLE001 - e.g. int too large to print
         message = "<unprintable>"
+    message = ADDRESS.sub(" at 0x...", message)
     text = f"{name}: {message}" if message else name
     return text if len(text) <= ERROR_CAP else text[: ERROR_CAP - 3] + "..."
 

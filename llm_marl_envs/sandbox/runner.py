@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from . import checks, codec, forkserver, isolation, slots
-from .api import TestJob, TestOutcome, TestReport
+from .api import STATUSES, TestJob, TestOutcome, TestReport
 from .settings import SandboxSettings
 
 logger = logging.getLogger("llm_marl_envs.sandbox")
@@ -199,8 +199,8 @@ def _report(sources: list[str], records: list[tuple], timed_out: bool, budget: f
             for index, ok, message in record[1]:
                 if isinstance(index, int) and 0 <= index < total:
                     state[index] = (ok is True and message == "", str(message)[:300])
-        elif record[0] == "done" and len(record) == 3:
-            status, error = str(record[1]), str(record[2])
+        elif record[0] == "done" and len(record) == 3 and record[1] in STATUSES:
+            status, error = record[1], str(record[2])[:300]
     outcomes = tuple(
         TestOutcome(i, sources[i], *state.get(i, (False, "not reached"))) for i in range(total)
     )
