@@ -40,6 +40,15 @@ def test_mixed_adapter_batch_equals_per_agent_generation(policies):
     assert together[0][0].completion_ids != together[1][0].completion_ids  # adapters differ
 
 
+def test_shared_prefill_generation_equals_plain_generate(policies):
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths
+    plain = [policies.sample([request], 1, greedy)[0][0].completion_ids for request in requests]
+    shared = policies.sample(requests, 3, greedy)  # prompt prefilled once, cache repeated
+    for expected, group in zip(plain, shared, strict=True):
+        assert [c.completion_ids for c in group] == [expected] * 3
+
+
 def test_chat_template_and_eos(policies):
     tokenizer = policies.backends[0].tokenizer
     prompt = policies.encode_prompt("alice", "say words")

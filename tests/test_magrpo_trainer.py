@@ -177,3 +177,16 @@ def test_example_custom_algorithm_runs(tmp_path, tiny_model_path):  # noqa: F811
         ]
     )
     assert result.steps == 2
+
+
+def test_cli_reports_user_errors_in_one_paragraph(capsys, tmp_path):
+    pytest.importorskip("llm_marl_envs", exc_type=ImportError)
+    from magrpo.train import main
+
+    assert main(["--env", "no-such-env", "--output-dir", str(tmp_path)]) == 2
+    assert "Known environments" in capsys.readouterr().err
+    assert main(["--group-size", "0"]) == 2
+    assert "group_size=0" in capsys.readouterr().err
+    missing = ["--env", "tldr", "--data", str(tmp_path / "missing.jsonl")]
+    assert main([*missing, "--output-dir", str(tmp_path)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
