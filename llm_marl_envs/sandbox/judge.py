@@ -171,6 +171,9 @@ def run(job: dict, worker: Worker, recorder: Recorder) -> tuple[str, str]:
         if kinds.get(job["entry_point"], ("",))[0] != "call":
             return "error", f"the program defines no function {job['entry_point']!r}"
         namespace = build_namespace(kinds, worker, recorder)
+        # Taken before the test code runs: a test-code function of the same name must not
+        # replace the program as the candidate.
+        candidate = namespace[job["entry_point"]]
         random.seed(0)  # test code that draws inputs from the global RNG stays deterministic
         try:
             exec(compile(module, "<test>", "exec"), namespace)
@@ -178,7 +181,7 @@ def run(job: dict, worker: Worker, recorder: Recorder) -> tuple[str, str]:
         except Exception as exc:  # noqa: BLE001 - broken test code is reported, not raised
             return "error", f"test code failed: {describe(exc)}"
         try:
-            check(namespace[job["entry_point"]])
+            check(candidate)
         except Abort:
             return "timeout", f"timeout after {job['total_timeout']}s"
         except Exception as exc:  # noqa: BLE001
@@ -193,6 +196,7 @@ def main() -> None:
     """Frame 1 on stdin: everything but the secrets.  The first worker is forked right
     after it, then frame 2 (test code and nonce) is read: the worker never held them."""
     started = time.monotonic()
+    nsroot.undumpable()
     job = codec.decode(codec.read_frame(0, JOB_LIMIT))
     channel = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -1,4 +1,5 @@
-"""Namespaces and a minimal read-only root for the judge and its workers (Linux, root).
+"""Namespaces and a minimal read-only root for the judge and its workers (Linux, root),
+plus the two prctl() hardening calls used in every mode.
 
 The judge calls :func:`enter` once: it moves into new mount, network, IPC and UTS
 namespaces, mounts a size-limited tmpfs, bind-mounts read-only (nosuid, nodev) only what an
@@ -27,6 +28,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 NEW_ROOT = "/tmp"  # the tmpfs is mounted over the (private copy of the) host /tmp
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
@@ -98,6 +100,13 @@ def enter(job: dict) -> Callable[[], None]:
         _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
 
     return enter_pid_namespace
+
+
+def undumpable() -> None:
+    """No ptrace and no /proc/<pid>/mem for processes of the same uid.  Matters when not
+    root: the worker then shares the judge's uid and could otherwise read the nonce and the
+    test code out of the judge's memory."""
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
 def no_new_privileges() -> None:
