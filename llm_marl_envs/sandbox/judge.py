@@ -1,14 +1,14 @@
 """Trusted side of a sandbox run: runs the instrumented ``check`` and reports to the parent.
 
 Forked by the zygote (see ``zygote``) as a new session with a scrubbed environment, stdin,
-stdout and stderr wired to the parent's pipes.  It reads one job frame on stdin, optionally
-enters fresh namespaces and a minimal read-only root (``nsroot``), starts the untrusted
-worker process, and runs the test code itself.  Every function the test code needs from
-the program (the entry point, helpers like ``poly``) is a :class:`Proxy`: calling it sends
-plain arguments to the worker and gets back a plain value or an exception name, under a
-deadline.  So the outcome of
-every assert is computed here, by code the program cannot reach, on values that cannot
-carry program behaviour.
+stdout and stderr wired to the parent's pipes.  It reads the public job frame on stdin,
+optionally enters fresh namespaces and a minimal read-only root (``nsroot``), forks the
+untrusted worker, reads the secret frame (test code, nonce) and runs the test code itself.
+Every function the test code needs from the program (the entry point, helpers like
+``poly``) is a :class:`Proxy`: calling it sends plain arguments to the worker and gets back
+a plain value or an exception name, under a deadline.  So the outcome of every assert is
+computed here, by code the program cannot reach, on values that cannot carry program
+behaviour.
 
 Records go to the parent on a private dup of fd 1 (stdout itself goes to /dev/null so test
 code prints cannot interfere), each prefixed with the parent's per-run nonce.
@@ -139,12 +139,22 @@ class Recorder:
         self.dirty.add(index)
 
 
-def build_namespace(kinds: dict, worker: Worker, recorder: Recorder) -> dict:
-    """Test globals: the program's names the test code uses, as proxies or plain copies."""
+def build_namespace(
+    kinds: dict, names: list[str], worker: Worker, recorder: Recorder
+) -> dict:
+    """Test globals: the program's names the test code uses, as proxies or plain copies.
+
+    ``kinds`` comes from the worker, so it is untrusted: only the requested ``names`` are
+    taken, and malformed entries are ignored.
+    """
     namespace: dict[str, object] = {
         "__name__": "__sandbox_test__", "__builtins__": builtins, checks.HOOK: recorder,
     }
-    for name, (kind, payload) in kinds.items():
+    for name in names:
+        entry = kinds.get(name)
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            continue
+        kind, payload = entry
         if kind == "call":
             namespace[name] = Proxy(name, worker, recorder)
         elif kind == "value":
@@ -168,12 +178,12 @@ def run(job: dict, worker: Worker, recorder: Recorder) -> tuple[str, str]:
             kinds = worker.load(job["names"], deadline)
         except LoadFailure as exc:
             return exc.status, str(exc)
-        if kinds.get(job["entry_point"], ("",))[0] != "call":
-            return "error", f"the program defines no function {job['entry_point']!r}"
-        namespace = build_namespace(kinds, worker, recorder)
+        namespace = build_namespace(kinds, job["names"], worker, recorder)
         # Taken before the test code runs: a test-code function of the same name must not
         # replace the program as the candidate.
-        candidate = namespace[job["entry_point"]]
+        candidate = namespace.get(job["entry_point"])
+        if not isinstance(candidate, Proxy):
+            return "error", f"the program defines no function {job['entry_point']!r}"
         random.seed(0)  # test code that draws inputs from the global RNG stays deterministic
         try:
             exec(compile(module, "<test>", "exec"), namespace)

@@ -66,7 +66,7 @@ def serve(req_fd: int, rep_fd: int, output_limit: int, audit: bool) -> None:
 
 def _kind(obj: object, limit: int) -> tuple[str, object]:
     """How the judge should expose a program global the test code refers to."""
-    if isinstance(obj, types.ModuleType):
+    if issubclass(type(obj), types.ModuleType):  # type(): no program __class__ property runs
         return ("module", str(obj.__name__))
     if callable(obj):
         return ("call", None)

@@ -101,7 +101,7 @@ class Worker:
                 low, high = sorted((req_r, rep_w))
                 os.closerange(3, low)
                 os.closerange(low + 1, high)
-                os.closerange(high + 1, 1 << 20)
+                os.closerange(high + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
                 os.chdir(self.job["workdir"])
                 os.environ.clear()
                 os.environ.update(self.env)
