@@ -173,7 +173,13 @@ def plot_eval(results: dict[str, Any], output_dir: str | Path) -> list[Path]:
     for i, protocol in enumerate(protocols):
         values = [rows[protocol].get(key, float("nan")) for key, _ in keys]
         positions = [x + (i - (len(protocols) - 1) / 2) * width for x in range(len(keys))]
-        ax.bar(positions, values, width, label=protocol)
+        bars = ax.bar(positions, values, width, label=protocol)
+        ax.bar_label(
+            bars,
+            [f"{v:.0%}" if family != "generic" else f"{v:.2f}" for v in values],
+            fontsize=6,
+            padding=1,
+        )
     ax.set_xticks(range(len(keys)), [label for _, label in keys])
     ax.set_ylim(0, 1.05 if family != "generic" else None)
     ax.set_ylabel("fraction" if family != "generic" else "value")
