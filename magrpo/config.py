@@ -165,7 +165,11 @@ class MAGRPOConfig:
         default=1, metadata=_help("Dataset items (episode roots) per training step.")
     )
     micro_batch_size: int = field(
-        default=16, metadata=_help("Sequences per forward/backward pass (memory bound).")
+        default=4,
+        metadata=_help(
+            "Completions per forward/backward pass; memory grows with it. A multiple of "
+            "group_size runs each group's shared prompt once."
+        ),
     )
     seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
 

@@ -273,9 +273,16 @@ class MAGRPOTrainer:
         batches = []
         size = self.config.micro_batch_size
         for key in sorted(by_model):
+            # samples of one (agent, prompt) group stay adjacent: a micro-batch runs each
+            # distinct prompt once (see Policies.logprobs)
             ordered = sorted(
                 by_model[key],
-                key=lambda s: (len(s.completion.prompt_ids), len(s.completion.completion_ids)),
+                key=lambda s: (
+                    len(s.completion.prompt_ids),
+                    s.completion.prompt_ids,
+                    s.agent,
+                    len(s.completion.completion_ids),
+                ),
             )
             batches.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
         return batches

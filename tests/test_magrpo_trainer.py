@@ -190,3 +190,19 @@ def test_cli_reports_user_errors_in_one_paragraph(capsys, tmp_path):
     missing = ["--env", "tldr", "--data", str(tmp_path / "missing.jsonl")]
     assert main([*missing, "--output-dir", str(tmp_path)]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_heterogeneous_models_with_lora_and_kl(tmp_path, tiny_model_path):  # noqa: F811
+    from magrpo_fixtures import build_tiny_model
+
+    other = str(build_tiny_model(tmp_path / "other-model", seed=1))
+    config = make_config(
+        tmp_path / "het", tiny_model_path, models=[tiny_model_path, other], kl_coef=0.1,
+        max_steps=1, eval_interval=0, group_size=2,
+    )  # fmt: skip
+    trainer, _ = run(config)
+    assert [b.mode for b in trainer.policies.backends] == ["lora", "lora"]
+    record = json.loads((tmp_path / "het" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["kl"] >= 0.0
+    for agent in ("alice", "bob"):
+        assert (tmp_path / "het" / "adapters" / agent / "adapter_config.json").is_file()
