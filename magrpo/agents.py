@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import LogitsProcessorList
 
 from magrpo.losses import completion_length, completion_mask, token_logprobs
 from magrpo.rollout import Completion
+from magrpo.sampling import SamplingProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -210,25 +212,23 @@ class Policies:
             cache = _output_cache(output)
             cache.batch_repeat_interleave(num_samples)
             cache_kwargs = {backend.cache_kwarg: cache}
-        greedy = params.temperature == 0
-        sampling = (
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k,
-            }
-        )
+        # Sampling: our processor draws the token (exact top-k/top-p without a full-vocab
+        # sort) and generate's greedy argmax picks it; temperature 0 is plain greedy.
+        processors = []
+        if params.temperature > 0:
+            processors.append(SamplingProcessor(params.temperature, params.top_p, params.top_k))
         output = backend.model.generate(
             input_ids=input_ids.repeat_interleave(num_samples, dim=0),
             attention_mask=attention_mask.repeat_interleave(num_samples, dim=0),
             max_new_tokens=params.max_new_tokens,
             pad_token_id=backend.pad_id,
             eos_token_id=backend.eos_ids,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=LogitsProcessorList(processors),
             **cache_kwargs,
-            **sampling,
             **backend.adapter_kwargs([a for a in agents for _ in range(num_samples)]),
         )
         return output[:, width:].tolist()
