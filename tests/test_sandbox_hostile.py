@@ -13,13 +13,14 @@ Runs with the audit hook off check that the OS-level isolation holds on its own.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import socket
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -279,36 +280,37 @@ CASES = [
 
 @pytest.fixture
 def tracked(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
-    """Record each run's uid and working directory (other processes may use the sandbox
-    concurrently, so leftovers are looked for by uid rather than by scanning everything)."""
-    seen: dict[str, list] = {"uids": [], "dirs": []}
-    acquire, workdir = slots.acquire, runner._workdir
+    """Record each run's slot (other processes may use the sandbox concurrently, so
+    leftovers are looked for by uid rather than by scanning everything)."""
+    seen: dict[str, list] = {"slots": []}
+    acquire = slots.acquire
 
     @contextmanager
-    def tracking_acquire() -> Iterator[int | None]:
-        with acquire() as uid:
-            seen["uids"].append(uid)
-            yield uid
-
-    @contextmanager
-    def tracking_workdir(mode: str, uid: int | None) -> Iterator[str]:
-        with workdir(mode, uid) as path:
-            seen["dirs"].append((mode, path))
-            yield path
+    def tracking_acquire() -> Iterator[slots.Slot]:
+        with acquire() as slot:
+            seen["slots"].append(slot)
+            yield slot
 
     monkeypatch.setattr(slots, "acquire", tracking_acquire)
-    monkeypatch.setattr(runner, "_workdir", tracking_workdir)
     return seen
 
 
 def leftovers(seen: dict[str, list]) -> list[str]:
+    """What the tracked runs left behind, checked while holding their slots' locks so that a
+    concurrent user of the same slot cannot interfere."""
     found = [path for path in ESCAPES if os.path.exists(path)]
-    found += [path for mode, path in seen["dirs"] if mode == "rlimits" and os.path.exists(path)]
-    for uid in seen["uids"]:
-        found += [f"pid {pid}" for pid in procs.pids_of_uid(uid)]
-        for directory in ("/tmp", "/var/tmp", "/dev/shm", slots.state_dir()):
-            entries = os.scandir(directory)
-            found += [e.path for e in entries if e.stat(follow_symlinks=False).st_uid == uid]
+    tracked = {slot.index: slot for slot in seen["slots"]}.values()  # a slot may recur
+    with ExitStack() as stack:
+        for slot in tracked:
+            lock = os.open(os.path.join(slots.state_dir(), "slots", str(slot.index)), os.O_RDWR)
+            stack.callback(os.close, lock)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        found += [slot.workdir for slot in tracked if os.path.lexists(slot.workdir)]
+        for uid in [slot.uid for slot in tracked if slot.uid is not None]:
+            found += [f"pid {pid}" for pid in procs.pids_of_uid(uid)]
+            for directory in ("/tmp", "/var/tmp", "/dev/shm", slots.state_dir()):
+                entries = os.scandir(directory)
+                found += [e.path for e in entries if e.stat(follow_symlinks=False).st_uid == uid]
     return found
 
 
@@ -349,7 +351,7 @@ def test_hostile_program(
         assert report.passed == (4 if name in DISRUPTIONS else 0), report
         with pytest.raises(BlockingIOError):
             secrets_planted.accept()
-    assert tracked["uids"]
+    assert tracked["slots"]
     assert leftovers(tracked) == []
 
 

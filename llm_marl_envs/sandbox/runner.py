@@ -16,9 +16,7 @@ import logging
 import os
 import secrets
 import selectors
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -80,10 +78,10 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     names = sorted(set(checks.free_names(module)) | {job.entry_point})
     nonce = secrets.token_bytes(NONCE_BYTES)
     python = isolation.sandbox_python(mode)
-    with slots.acquire() as uid, _workdir(mode, uid) as workdir:
+    with slots.acquire() as slot, _workdir(mode, slot) as workdir:
         public = {
             **asdict(settings), "program": job.program, "entry_point": job.entry_point,
-            "names": names, "isolation": mode, "uid": uid, "workdir": workdir,
+            "names": names, "isolation": mode, "uid": slot.uid, "workdir": workdir,
             "worker_python": python,
         }
         secret = {"test_code": job.test_code, "nonce": nonce}
@@ -97,31 +95,18 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
 
 
 @contextmanager
-def _workdir(mode: str, uid: int | None) -> Iterator[str]:
-    """Empty working directory of the program, removed afterwards.
+def _workdir(mode: str, slot: slots.Slot) -> Iterator[str]:
+    """Empty working directory of the program (removed when the slot is released).
 
     In namespaces mode it lives on the judge's private tmpfs and vanishes with it.
     """
     if mode == "namespaces":
         yield NS_WORKDIR
         return
-    path = tempfile.mkdtemp(prefix="run-", dir=slots.state_dir())
-    try:
-        if uid is not None:
-            os.chown(path, uid, uid)
-        yield path
-    finally:
-        shutil.rmtree(path, onerror=_force_remove)
-
-
-def _force_remove(function: object, path: str, exc_info: object) -> None:
-    """The program may have chmod-ed its files read-only: make writable, retry."""
-    os.chmod(os.path.dirname(path), 0o700)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        os.unlink(path)
+    os.mkdir(slot.workdir, 0o700)
+    if slot.uid is not None:
+        os.chown(slot.workdir, slot.uid, slot.uid)
+    yield slot.workdir
 
 
 def _drive(python: str, frames: list[dict], total_timeout: float) -> tuple[bytes, bool, bytes]:

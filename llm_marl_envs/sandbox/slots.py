@@ -1,4 +1,4 @@
-"""Machine-wide allocation of a dedicated unprivileged uid per concurrent run.
+"""Machine-wide allocation of run slots, each with a dedicated unprivileged uid.
 
 Why a uid per run: RLIMIT_NPROC counts processes per real uid and root ignores it, so the
 program must run as a non-root uid; if concurrent runs shared that uid, one fork bomb would
@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from . import procs
 
@@ -35,31 +36,58 @@ def state_dir() -> str:
     return path
 
 
+@dataclass(frozen=True)
+class Slot:
+    """A claimed run slot: its sandbox uid (None when not root: no uid switch possible) and
+    the working directory rlimits mode uses (a fixed path per slot, so a directory left by
+    a holder that died is found and removed by the next one)."""
+
+    index: int
+    uid: int | None
+    workdir: str
+
+
 @contextmanager
-def acquire() -> Iterator[int | None]:
-    """Yield a free sandbox uid (None when not running as root: no uid switch possible)."""
-    if os.geteuid() != 0:
-        yield None
-        return
-    lock_dir = os.path.join(state_dir(), "slots")
+def acquire() -> Iterator[Slot]:
+    """Claim a free slot; everything left by its previous holder is cleaned up first."""
+    state = state_dir()
+    lock_dir = os.path.join(state, "slots")
     os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-    for slot in range(MAX_SLOTS):
-        path = os.path.join(lock_dir, str(slot))
+    root = os.geteuid() == 0
+    for index in range(MAX_SLOTS):
+        path = os.path.join(lock_dir, str(index))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        uid = UID_BASE + slot
+        slot = Slot(index, UID_BASE + index if root else None, os.path.join(state, f"run-{index}"))
         try:
-            release(uid)  # leftovers of a holder that died mid-run
-            yield uid
+            _clean(slot)
+            yield slot
         finally:
-            release(uid)
+            _clean(slot)
             os.close(fd)
         return
     raise RuntimeError(f"all {MAX_SLOTS} sandbox slots are busy")
+
+
+def _clean(slot: Slot) -> None:
+    if slot.uid is not None:
+        release(slot.uid)
+    if os.path.lexists(slot.workdir):
+        shutil.rmtree(slot.workdir, onerror=_force_remove)
+
+
+def _force_remove(function: object, path: str, exc_info: object) -> None:
+    """The program may have made its files or directories read-only: fix, retry."""
+    os.chmod(os.path.dirname(path), 0o700)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
 
 
 def release(uid: int) -> None:
