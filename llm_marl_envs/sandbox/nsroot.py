@@ -77,7 +77,7 @@ def enter(job: dict) -> Callable[[], None]:
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     size = 4 * job["max_file_size"] + (1 << 20)
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes=4096,mode=755")
-    python_prefix = os.path.dirname(os.path.dirname(job["worker_python"]))
+    python_prefix = os.path.dirname(os.path.dirname(job["python"]))
     prefixes = {os.path.realpath(sys.base_prefix), python_prefix}
     for path in [*SYSTEM_PATHS, *sorted(prefixes)]:
         if os.path.lexists(path) and not os.path.exists(NEW_ROOT + path):

@@ -1,10 +1,10 @@
 """Parent side: run jobs through judge processes and turn their records into reports.
 
 The parent never parses or executes program text.  It validates the (trusted) test code,
-claims a sandbox uid, has the zygote fork a judge in a new session (``forkserver``),
-sends the job on its stdin, and reads nonce-tagged records from the judge's stdout.  The whole
-session is killed shortly after the total budget, the working directory is removed, and
-releasing the slot kills every process and removes every shared file of the sandbox uid.
+claims a run slot (sandbox uid), has the zygote fork a judge in a new session
+(``forkserver``), sends the job on its stdin, and reads nonce-tagged records from the
+judge's stdout.  The judge's session is killed shortly after the total budget; releasing
+the slot kills every process of the sandbox uid and removes its files.
 A report is built only from records that carry the nonce; asserts without a record count
 as failed ("not reached").
 """
@@ -18,9 +18,8 @@ import secrets
 import selectors
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict
 
 from . import checks, codec, forkserver, isolation, slots
@@ -78,11 +77,11 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     names = sorted(set(checks.free_names(module)) | {job.entry_point})
     nonce = secrets.token_bytes(NONCE_BYTES)
     python = isolation.sandbox_python(mode)
-    with slots.acquire() as slot, _workdir(mode, slot) as workdir:
+    with slots.acquire() as slot:
         public = {
             **asdict(settings), "program": job.program, "entry_point": job.entry_point,
-            "names": names, "isolation": mode, "uid": slot.uid, "workdir": workdir,
-            "worker_python": python,
+            "names": names, "isolation": mode, "uid": slot.uid,
+            "workdir": _workdir(mode, slot), "python": python,
         }
         secret = {"test_code": job.test_code, "nonce": nonce}
         output, timed_out, stderr = _drive(python, [public, secret], settings.total_timeout)
@@ -94,19 +93,17 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     return _report(sources, records, timed_out, settings.total_timeout)
 
 
-@contextmanager
-def _workdir(mode: str, slot: slots.Slot) -> Iterator[str]:
-    """Empty working directory of the program (removed when the slot is released).
+def _workdir(mode: str, slot: slots.Slot) -> str:
+    """Create the program's empty working directory (removed when the slot is released).
 
-    In namespaces mode it lives on the judge's private tmpfs and vanishes with it.
+    In namespaces mode the judge creates it on its private tmpfs: it vanishes with it.
     """
     if mode == "namespaces":
-        yield NS_WORKDIR
-        return
+        return NS_WORKDIR
     os.mkdir(slot.workdir, 0o700)
     if slot.uid is not None:
         os.chown(slot.workdir, slot.uid, slot.uid)
-    yield slot.workdir
+    return slot.workdir
 
 
 def _drive(python: str, frames: list[dict], total_timeout: float) -> tuple[bytes, bool, bytes]:

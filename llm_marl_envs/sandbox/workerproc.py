@@ -122,7 +122,7 @@ class Worker:
         if self.enter_pid_namespace is not None:
             self.enter_pid_namespace()
         argv = [
-            job["worker_python"], "-S", "-s", "-B", "-c", BOOTSTRAP, *SOURCES,
+            job["python"], "-S", "-s", "-B", "-c", BOOTSTRAP, *SOURCES,
             str(req_r), str(rep_w), str(job["output_limit"]), "1" if job["audit_hook"] else "0",
         ]
         proc = subprocess.Popen(
