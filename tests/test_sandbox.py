@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -187,3 +189,34 @@ def test_exception_outside_an_assert_fails_that_statement_only() -> None:
     program = "def inc(x):\n    if x == 3:\n        raise KeyError(x)\n    return x + 1\n"
     report = run_tests(TestJob(program, test_code, "inc"), FAST)
     assert [(o.passed, o.error) for o in report.outcomes] == [(False, "KeyError: 3"), (True, "")]
+
+
+def test_forks_of_the_calling_process_do_not_stall_runs() -> None:
+    """Children forked by the caller (DataLoader workers...) inherit its fds; a judge's
+    pipe end leaking into one would stall that run until its deadline."""
+    stop = threading.Event()
+
+    def forker() -> None:
+        while not stop.is_set():
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+            time.sleep(0.005)
+
+    children: list[int] = []
+    thread = threading.Thread(target=forker)
+    thread.start()
+    try:
+        started = time.monotonic()
+        reports = run_many([add_job(GOOD)] * 30, FAST)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+        for pid in children:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert [r.passed for r in reports] == [4] * 30
+    assert elapsed < 2.5

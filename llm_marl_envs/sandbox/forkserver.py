@@ -1,9 +1,11 @@
 """Parent-side client of the judge zygote (see ``zygote``).
 
-One zygote per parent process and interpreter, started lazily and shared by all threads;
-requests are serialized by a lock.  If the zygote died it is restarted once per request.  A process
-forked from the parent forgets the inherited zygote and starts its own: sharing the control
-socket across processes would interleave replies.
+One zygote per parent process and interpreter, started lazily and shared by all threads.
+Requests are serialized by one lock, which is also taken around every fork() of the parent
+(os.register_at_fork): a child forked while a judge's pipe ends are open in the parent would
+keep the judge's stdout open and stall the run until its deadline.  If the zygote died it is
+restarted once per request.  A forked child forgets the inherited zygotes and starts its
+own: sharing a control socket across processes would interleave replies.
 """
 
 from __future__ import annotations
@@ -16,29 +18,31 @@ import threading
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
+CONTROL_TIMEOUT = 10.0  # seconds for the zygote to answer a spawn request
+
+
+_lock = threading.RLock()  # reentrant: starting a zygote forks while holding it
 
 
 class ForkServer:
     def __init__(self, python: str) -> None:
         self.python = python
-        self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
 
     def forget(self) -> None:
-        """After fork, in the child: the zygote, socket and lock belong to the parent."""
-        self._lock = threading.Lock()
+        """After fork, in the child: the zygote and its socket belong to the parent."""
         self._socket = None
         self._proc = None
 
     def spawn(self) -> tuple[int, int, int, int]:
-        """Fork a judge; return (pid, stdin write end, stdout read end, stderr read end)."""
+        """Fork a judge; return (pid, stdin write end, stdout read end, stderr read end).
+        Call with ``_lock`` held."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         try:
-            with self._lock:
-                pid = self._request([stdin_r, stdout_w, stderr_w])
+            pid = self._request([stdin_r, stdout_w, stderr_w])
         except BaseException:
             for fd in (stdin_w, stdout_r, stderr_r):
                 os.close(fd)
@@ -51,7 +55,7 @@ class ForkServer:
     def _request(self, fds: list[int]) -> int:
         for attempt in range(2):
             if self._socket is None or self._proc is None or self._proc.poll() is not None:
-                self._stop()
+                self.stop()
                 self._start()
             try:
                 socket.send_fds(self._socket, [b"spawn"], fds)
@@ -63,7 +67,7 @@ class ForkServer:
                     reply += chunk
                 return int.from_bytes(reply, "big")
             except OSError:
-                self._stop()
+                self.stop()
                 if attempt:
                     raise
         raise AssertionError("unreachable")
@@ -78,9 +82,10 @@ class ForkServer:
             )
         finally:
             theirs.close()
+        ours.settimeout(CONTROL_TIMEOUT)  # a wedged zygote must not block parent forks forever
         self._socket = ours
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
         """Close our end: the zygote sees EOF and exits (judges in flight finish alone)."""
         if self._socket is not None:
             self._socket.close()
@@ -93,20 +98,15 @@ class ForkServer:
                 self._proc.wait()
             self._proc = None
 
-    def close(self) -> None:
-        with self._lock:
-            self._stop()
 
 
 _servers: dict[str, ForkServer] = {}
-_servers_lock = threading.Lock()
 
 
 def spawn(python: str) -> tuple[int, int, int, int]:
     """Fork a judge from the zygote running ``python`` (started on first use)."""
-    with _servers_lock:
-        server = _servers.setdefault(python, ForkServer(python))
-    return server.spawn()
+    with _lock:
+        return _servers.setdefault(python, ForkServer(python)).spawn()
 
 
 def cpu_seconds() -> float:
@@ -121,16 +121,21 @@ def cpu_seconds() -> float:
 
 
 def _close_all() -> None:
-    for server in list(_servers.values()):
-        server.close()
+    with _lock:
+        for server in _servers.values():
+            server.stop()
 
 
-def _forget_all() -> None:
-    global _servers_lock
-    _servers_lock = threading.Lock()
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()
     for server in _servers.values():
         server.forget()
 
 
 atexit.register(_close_all)
-os.register_at_fork(after_in_child=_forget_all)
+os.register_at_fork(
+    before=lambda: _lock.acquire(),
+    after_in_parent=lambda: _lock.release(),
+    after_in_child=_after_fork_in_child,
+)
