@@ -26,6 +26,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -368,8 +369,13 @@ def evaluate(
     *,
     untrained: ModelPool | None = None,
     trained_policies: Any | None = None,
+    on_protocol: Callable[[EvalResult], Any] | None = None,
 ) -> EvalResult:
-    """Run every protocol of ``settings``; ``env``/``trained_policies`` may be given directly."""
+    """Run every protocol of ``settings``; ``env``/``trained_policies`` may be given directly.
+
+    ``on_protocol`` gets the partial result after each protocol (the CLI writes the files
+    then, so a long run that is stopped keeps the protocols it finished).
+    """
     import torch
 
     from magrpo.agents import SamplingParams
@@ -446,6 +452,13 @@ def evaluate(
                     index = problems[episode.problem][0]
                     record = {"protocol": protocol, "problem": index, **asdict(episode)}
                     samples_file.write(json.dumps(record) + "\n")
+                samples_file.flush()
+            if on_protocol is not None:
+                on_protocol(
+                    EvalResult(
+                        settings, env_id, split, len(problems), family, rows, timing, output_dir
+                    )
+                )
     finally:
         executor.shutdown(wait=True)
         if progress is not None:
@@ -670,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             from transformers.utils import logging as transformers_logging
 
             transformers_logging.disable_progress_bar()  # one bar: ours
-        result = evaluate(settings)
+        result = evaluate(settings, on_protocol=write_outputs)
         files = write_outputs(result)
     except _user_errors() as error:
         print(f"error: {error}", file=sys.stderr)

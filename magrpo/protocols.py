@@ -279,7 +279,8 @@ def run_protocol(
     ``problems``: (dataset index or None, reset seed). Turn 1 draws ``num_samples`` joint
     actions per problem (each on its own ``copy.deepcopy`` of the reset env); later turns
     (``max_turns`` > 1) apply the protocol again, once, to every unfinished episode's new
-    observations. Branches are stepped concurrently on ``executor``.
+    observations. Branches are stepped concurrently on ``executor``. ``on_scored(1)`` is
+    called as each episode ends (for a progress bar).
     """
     function = PROTOCOL_FUNCTIONS[protocol]
     roots, contexts = [], []
