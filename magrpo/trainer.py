@@ -5,6 +5,19 @@ text. Each phase is a method a subclass may override (``collect``, ``build_sampl
 ``update``, ``evaluate``); advantage estimators and loss reductions are looked up by name in
 registries, so a new algorithm usually needs no subclass at all (see
 ``examples/custom_algorithm.py``).
+
+Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W&B):
+
+- ``reward/mean``, ``reward/std``: joint reward of the first turn's joint actions;
+  ``turn{t}/reward/mean|std`` for later turns; ``return/mean``: discounted returns, turn 1.
+- ``reward_parts/<name>`` (``turn{t}/reward_parts/<name>``): mean of each named component.
+- ``completion_length/<agent>``, ``completion_finished_frac/<agent>`` (ended with EOS).
+- ``loss``, ``loss/<agent>``, ``grad_norm/<agent>`` (before clipping), ``kl`` (per token,
+  when ``kl_coef`` > 0), ``trained_sequences`` (completions with a non-zero gradient),
+  ``zero_variance_group_frac`` (groups whose returns are all equal: no signal).
+- ``tokens_per_second`` (generation), ``time/generate|env|update|step|eval`` (seconds),
+  ``epoch``, ``num_nodes`` (rollout tree size).
+- Every ``eval_interval`` steps: the same reward metrics prefixed ``eval/``.
 """
 
 from __future__ import annotations
