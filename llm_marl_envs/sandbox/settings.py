@@ -18,12 +18,14 @@ class SandboxSettings:
 
     Attributes:
         test_timeout: wall-clock seconds for one execution of one assert (every call into
-            the program made while evaluating it), and for loading the program.
+            the program made while evaluating it), for one call made outside an assert, and
+            for loading the program.
         total_timeout: wall-clock seconds for the whole run of one program, start-up
             included; the parent kills everything shortly after it.
-        memory_limit: address-space limit (RLIMIT_AS) in bytes of each sandbox process.
+        memory_limit: address-space limit (RLIMIT_AS) in bytes of the program's process
+            (the trusted judge gets 256 MiB more).
         max_processes: RLIMIT_NPROC of the program's dedicated uid (threads count too).
-        max_file_size: RLIMIT_FSIZE in bytes; also the size of the private /tmp.
+        max_file_size: RLIMIT_FSIZE in bytes; the private tmpfs (namespaces) is 4x this.
         max_open_files: RLIMIT_NOFILE of the program's process.
         output_limit: max bytes of one encoded value returned by the program (the program's
             own stdout/stderr are discarded, never parsed).
