@@ -7,9 +7,10 @@ agents come from one ``generate`` call and their log-probs from one forward pass
 about one model. ``finetune="full"`` or a list of models gives one model per agent
 (heterogeneous models and tokenizers are fine); batches are then per agent.
 
-Sequence layout for log-probs: [left padding | prompt | completion | right padding]. The
-completion's extent comes from its length (tokens up to and including its first EOS), never
-from searching pad ids (SmolLM2's pad == eos == <|im_end|>, which also occurs in prompts).
+Log-probs: each distinct prompt runs once (left-padded); its KV cache is shared by the
+completions sampled from it, which run right-padded on top. A completion's extent comes
+from its length (tokens up to and including its first EOS), never from searching pad ids
+(SmolLM2's pad == eos == <|im_end|>, which also occurs in prompts).
 """
 
 from __future__ import annotations
@@ -92,23 +93,14 @@ class _Backend:
         names = ["__base__" if reference else self.adapter[a] for a in agents]
         return {"adapter_names": names}
 
-    def pad_batch(
-        self, prompts: Sequence[list[int]], completions: Sequence[list[int]] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Left-pad prompts, right-pad completions; returns ids, attention mask, prompt width."""
+    def pad_batch(self, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Left-pad prompts; returns ids, attention mask and the padded width."""
         width = max(len(p) for p in prompts)
-        tail = max((len(c) for c in completions), default=0) if completions else 0
-        ids = torch.full((len(prompts), width + tail), self.pad_id, dtype=torch.long)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) : width] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) : width] = 1
-            if completions:
-                completion = completions[row]
-                ids[row, width : width + len(completion)] = torch.tensor(
-                    completion, dtype=torch.long
-                )
-                mask[row, width : width + len(completion)] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
         return ids.to(self.device), mask.to(self.device), width
 
 
@@ -171,10 +163,11 @@ class Policies:
                 )
         return results
 
-    def _prefill(self, model, backend: _Backend, agents: Sequence[str], prompts, reference=False):
-        """Run the prompts once (left-padded); returns (padded ids, mask, forward output)."""
-        input_ids, attention_mask, _ = backend.pad_batch(prompts)
-        output = model(
+    def _prefill(
+        self, model, backend: _Backend, agents, input_ids, attention_mask, reference=False
+    ):
+        """Run left-padded prompts once, keeping their KV cache and last-position logits."""
+        return model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=_position_ids(attention_mask),
@@ -182,7 +175,6 @@ class Policies:
             logits_to_keep=1,
             **backend.adapter_kwargs(agents, reference=reference),
         )
-        return input_ids, attention_mask, output
 
     @torch.inference_mode()
     def _generate(
@@ -201,13 +193,8 @@ class Policies:
         input_ids, attention_mask, width = backend.pad_batch(prompts)
         cache_kwargs = {}
         if width > 1 and num_samples > 1:
-            output = backend.model(
-                input_ids=input_ids[:, :-1],
-                attention_mask=attention_mask[:, :-1],
-                position_ids=_position_ids(attention_mask[:, :-1]),
-                use_cache=True,
-                logits_to_keep=1,
-                **backend.adapter_kwargs(agents),
+            output = self._prefill(
+                backend.model, backend, agents, input_ids[:, :-1], attention_mask[:, :-1]
             )
             cache = _output_cache(output)
             cache.batch_repeat_interleave(num_samples)
@@ -260,8 +247,9 @@ class Policies:
         mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
-            _, prompt_mask, prompt_out = self._prefill(
-                model, backend, [a for a, _ in unique], [list(p) for _, p in unique], reference
+            prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
+            prompt_out = self._prefill(
+                model, backend, [a for a, _ in unique], prompt_ids, prompt_mask, reference
             )
             cache = _output_cache(prompt_out)
             cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass

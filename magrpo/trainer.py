@@ -342,7 +342,7 @@ class MAGRPOTrainer:
                     config.kl_coef,
                 )
                 loss = torch.zeros((), device=token_loss.device)
-                for agent in {s.agent for s in batch}:
+                for agent in sorted({s.agent for s in batch}):
                     rows = torch.tensor([i for i, s in enumerate(batch) if s.agent == agent])
                     agent_loss = self.loss_fn(
                         token_loss[rows], current.mask[rows], normalizers[agent]
