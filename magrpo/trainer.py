@@ -42,7 +42,7 @@ from magrpo.advantages import compute_advantages
 from magrpo.agents import Policies, SamplingParams, load_policies
 from magrpo.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from magrpo.checkpoint import set_rng_state as restore_rng_state
-from magrpo.config import MAGRPOConfig
+from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.logging_utils import MetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.rollout import Completion, RolloutResult, run_rollout
@@ -159,7 +159,10 @@ class MAGRPOTrainer:
         self.policies = policies or self._load_policies(model_resolver)
         missing = [a for a in self.agents if a not in self.policies.backend_of]
         if missing:
-            raise ValueError(f"no policy for agent(s) {missing}")
+            raise ConfigError(
+                f"The given policies have no model for agent(s) {missing}; the env's agents are "
+                f"{self.agents}."
+            )
         self.optimizers = {
             agent: self.accelerator.prepare_optimizer(
                 torch.optim.AdamW(
@@ -197,7 +200,7 @@ class MAGRPOTrainer:
             from magrpo.models import resolve_model as model_resolver
         names = config.models if config.models else [config.model] * len(self.agents)
         if len(names) != len(self.agents):
-            raise ValueError(
+            raise ConfigError(
                 f"--models lists {len(names)} model(s) but the env has {len(self.agents)} agents "
                 f"({', '.join(self.agents)}): give one model per agent, in that order."
             )
@@ -224,7 +227,7 @@ class MAGRPOTrainer:
             return int(config.max_steps)
         if self.data_order.num_items is None:
             if config.max_steps is None:
-                raise ValueError(
+                raise ConfigError(
                     "num_epochs needs an env with an integer num_items (a dataset size); this env "
                     "has none: set --max-steps instead."
                 )
