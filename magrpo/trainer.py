@@ -17,7 +17,8 @@ Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W
   ``zero_variance_group_frac`` (groups whose returns are all equal: no signal).
 - ``tokens_per_second`` (generation), ``time/generate|env|update|step|eval`` (seconds),
   ``epoch``, ``num_nodes`` (rollout tree size).
-- Every ``eval_interval`` steps: the same reward metrics prefixed ``eval/``.
+- Every ``eval_interval`` steps, and once at step 0 before training: the same reward metrics
+  prefixed ``eval/``.
 """
 
 from __future__ import annotations
@@ -497,6 +498,11 @@ class MAGRPOTrainer:
         history: list[dict[str, Any]] = []
         progress = _progress_bar(config.progress_bar, self.total_steps, self.step)
         try:
+            if config.eval_interval and resume_step is None and self.step == 0:
+                baseline = self.evaluate()  # step 0: the untrained agents, for before/after
+                self.last_eval_reward = baseline["eval/reward/mean"]
+                metrics_logger.log(baseline, 0)
+                history.append(baseline)
             while self.step < self.total_steps:
                 metrics = self.train_step()
                 self.step += 1
