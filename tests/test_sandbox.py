@@ -61,7 +61,7 @@ def test_settings_are_validated() -> None:
         SandboxSettings(isolation="docker")
     with pytest.raises(ValueError, match="max_workers"):
         SandboxSettings(max_workers=0)
-    assert SandboxSettings().max_workers == (os.cpu_count() or 1)
+    assert SandboxSettings().max_workers == 2 * (os.cpu_count() or 1)
 
 
 def test_correct_program_passes_everything() -> None:
