@@ -13,7 +13,7 @@ What it does:
    same model folder, the same prompts in the same order (our trainer's seeded data order),
    the same G, new tokens, sampling, LoRA, learning rate and torch threads, raw prompts (no
    chat template: CoMLRL formats raw text), one prompt per step, one turn, no evaluation.
-3. Samples the RSS of each process tree (the trainer and its sandbox children) every 50 ms
+3. Samples the RSS of each process tree (the trainer and its sandbox children) every 200 ms
    from /proc and keeps the peak.
 4. Reports, per trainer: median seconds per step (after ``--warmup`` steps of each run),
    generated tokens per second of training (tokens / step seconds), peak RSS, and the ratios
@@ -97,7 +97,7 @@ def _rss_bytes(pid: int) -> int:
 class PeakRSS(threading.Thread):
     """Polls the RSS sum of a process tree until stopped; ``peak`` in bytes."""
 
-    def __init__(self, pid: int, interval: float = 0.05):
+    def __init__(self, pid: int, interval: float = 0.2):
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peak = self.peak_main = 0
@@ -114,6 +114,14 @@ class PeakRSS(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def wait_for_quiet(max_load: float | None, timeout: float = 1800.0) -> float:
+    """Wait (up to ``timeout`` s) until the 1-minute load average is below ``max_load``."""
+    deadline = time.monotonic() + timeout
+    while max_load is not None and os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(15)
+    return os.getloadavg()[0]
 
 
 def run_measured(cmd: list[str], env: dict[str, str], log: Path) -> tuple[str, dict]:
@@ -348,6 +356,9 @@ def parse_args(argv=None):
     p.add_argument("--ours-cli", action="store_true",
                    help="Run ours through `python -m magrpo.train` (as shipped; includes the "
                         "final checkpoint write in the peak RSS) instead of in-process.")
+    p.add_argument("--max-load", type=float, default=None,
+                   help="Before each run, wait (up to 30 min) for the 1-min load average to "
+                        "drop below this (e.g. 1.5 on 2 cores).")
     p.add_argument("--ours-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--write-docs", action="store_true",
                    help="Put the table into docs/benchmarks.md between the compare markers.")
@@ -375,7 +386,7 @@ def main(argv=None) -> int:
             order = ("ours", "comlrl") if rep % 2 == 0 else ("comlrl", "ours")
             for name in order:
                 log = RESULTS / f"{mode}-{name}-{rep}.log"
-                load = os.getloadavg()[0]
+                load = wait_for_quiet(args.max_load)
                 if name == "ours":
                     run = run_ours(args, mode, total, log)
                 else:

@@ -1,7 +1,7 @@
 """Where the time of one MAGRPO training step goes (our trainer, CPU).
 
     .venv/bin/python benchmarks/profile_step.py                 # LoRA, the compare settings
-    .venv/bin/python benchmarks/profile_step.py --finetune full --steps 3 --torch-profile
+    .venv/bin/python benchmarks/profile_step.py --finetune full --steps 3 --torch-profile update
 
 Builds the trainer in-process with the settings of ``compare_comlrl.py`` (SmolLM2-135M,
 2 agents, G=4, 64 new tokens, raw prompts, one prompt per step), runs ``--warmup`` steps, then
@@ -14,8 +14,9 @@ times ``--steps`` steps phase by phase by wrapping the trainer's own calls:
 - optimizer: gradient clipping + AdamW steps
 - overhead:  the rest (env resets and copies, advantages, batching, metrics)
 
-``--torch-profile`` also records one step with ``torch.profiler`` and prints the top operators
-by self CPU time. ``--plot PATH`` draws the breakdown as a PNG. Results: JSON on stdout.
+``--torch-profile step|update|generate`` also records one step (or one phase of it) with
+``torch.profiler`` and prints the top operators by self CPU time.
+``--plot PATH`` draws the breakdown as a PNG. Results: JSON on stdout.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def build_trainer(args, output_dir: str):
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=0.8,
         top_p=0.95, top_k=0, learning_rate=1e-4, max_grad_norm=None,
         max_steps=args.warmup + args.steps, prompts_per_step=1, num_turns=args.num_turns,
-        micro_batch_size=args.micro_batch_size, eval_interval=0, save_interval=0,
+        **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}),
+        eval_interval=0, save_interval=0,
         log_backends=["jsonl"], torch_threads=args.threads, seed=args.seed,
         output_dir=output_dir, progress_bar=False,
     )
@@ -88,6 +90,36 @@ class PhaseTimer:
         self.calls.clear()
 
 
+def torch_profile_step(trainer, scope: str) -> str:
+    """Top operators by self CPU time of one step, or of one phase of it (update/generate)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    if scope == "step":
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.train_step()
+    else:
+        owner, name = (trainer, "update") if scope == "update" else (trainer.policies, "sample")
+        original = getattr(owner, name)
+        holder = {}
+
+        def profiled(*args, **kwargs):
+            with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+                result = original(*args, **kwargs)
+            holder["prof"] = p
+            return result
+
+        setattr(owner, name, profiled)
+        try:
+            trainer.train_step()
+        finally:
+            setattr(owner, name, original)
+        prof = holder.get("prof")
+        if prof is None:
+            return f"(no {scope} call in the profiled step)"
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+
+
 def profile(args) -> dict:
     import torch
 
@@ -116,12 +148,7 @@ def profile(args) -> dict:
             })
         top_ops = None
         if args.torch_profile:
-            from torch.profiler import ProfilerActivity
-            from torch.profiler import profile as torch_profile
-
-            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-                trainer.train_step()
-            top_ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+            top_ops = torch_profile_step(trainer, args.torch_profile)
         trainer.close()
     median_total = statistics.median(s["seconds"] for s in steps)
     median_phases = {p: statistics.median(s["phases"][p] for s in steps) for p in PHASES}
@@ -152,7 +179,7 @@ def plot(result: dict, path: Path, title: str) -> None:
     ax.set_yticks([])
     ax.set_xlabel("seconds (median step)")
     ax.set_title(title)
-    ax.legend(ncol=3, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.legend(ncol=3, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.55))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -168,12 +195,14 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-turns", type=int, default=1)
-    p.add_argument("--micro-batch-size", type=int, default=16)
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="Completions per forward/backward (default: the trainer's default).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--torch-profile", action="store_true")
+    p.add_argument("--torch-profile", choices=("step", "update", "generate"), default=None,
+                   help="Also run one step under torch.profiler (all of it, or one phase).")
     p.add_argument("--plot", type=Path, default=None, help="Write the breakdown as a PNG.")
     p.add_argument("--out", type=Path, default=None, help="Also write the JSON here.")
     return p.parse_args(argv)
