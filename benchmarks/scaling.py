@@ -185,7 +185,7 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, max_new_tokens: int = 64) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +207,8 @@ def plot(results: dict, path: Path) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("MAGRPO step time on 2 CPU cores (SmolLM2-135M, LoRA, 64 new tokens)")
+    fig.suptitle(f"MAGRPO step time, {os.cpu_count()} CPU cores\n(SmolLM2-135M, LoRA r=8 q/v, "
+                 f"{max_new_tokens} new tokens)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
                                "max_new_tokens": args.max_new_tokens}, indent=2))
     print(markdown(merged))
     if args.plot:
-        plot({k: merged[k] for k in SWEEPS if k in merged}, args.plot)
+        plot({k: merged[k] for k in SWEEPS if k in merged}, args.plot, args.max_new_tokens)
     return 0
 
 
