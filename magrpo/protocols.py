@@ -12,6 +12,8 @@ new prompt text from those; they never look inside the env, and they never score
 * ``single``: one model reads every role's observation and writes all the parts in one
   response, each part after a delimiter line ``### <role>``; the response is split on those
   lines (a missing part is an empty answer). It gets ``max_new_tokens`` x number of roles.
+  The prompt and the split are ``llm_marl_envs.wrappers.joint_text``'s, shared with the
+  Gymnasium and TRL single-agent views, so every single-model baseline reads the same text.
 * ``trained``: like ``parallel``, with the trained policies (adapters) of ``magrpo.train``.
 
 Generation is batched: all the requests of a protocol phase (every problem, every sample,
@@ -27,7 +29,6 @@ directly rather than attributed.
 from __future__ import annotations
 
 import copy
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llm_marl_envs.wrappers.joint_text import combine_observations, split_response
 from magrpo.agents import Policies, SamplingParams
 from magrpo.metrics import Episode
 
@@ -139,33 +141,6 @@ def revision_prompt(observation: str, own: str, others: Mapping[str, str]) -> st
     )
 
 
-def single_prompt(observations: Mapping[str, str]) -> str:
-    roles = list(observations)
-    sections = "\n\n".join(f"### {role}\n{text}" for role, text in observations.items())
-    markers = ", then ".join(f"`### {role}`" for role in roles)
-    return (
-        f"You will write the parts of all {len(roles)} members of a team yourself. Each member "
-        f"received the instructions below.\n\n{sections}\n\nWrite every member's part, in this "
-        f"order. Start each part with a line that holds only its marker: {markers}. Write "
-        "nothing else."
-    )
-
-
-def split_single(text: str, roles: Sequence[str]) -> JointAction:
-    """Cut a single-model response at its ``### <role>`` lines; a missing role gets ''."""
-    names = "|".join(re.escape(role) for role in roles)
-    marker = re.compile(rf"^[ \t]*#{{1,4}}[ \t]*`?({names})`?[ \t]*:?[ \t]*$", re.M | re.I)
-    found = list(marker.finditer(text))
-    parts = dict.fromkeys(roles, "")
-    lookup = {role.lower(): role for role in roles}
-    ends = [m.start() for m in found[1:]] + ([len(text)] if found else [])
-    for match, end in zip(found, ends, strict=True):
-        role = lookup[match.group(1).lower()]
-        if not parts[role]:  # the first part written for a role counts
-            parts[role] = text[match.end() : end].strip()
-    return parts
-
-
 # --- the protocols: observations of C contexts -> `count` joint actions per context ----------
 
 ProtocolFn = Callable[
@@ -231,10 +206,10 @@ def discussion(contexts, count, generator, actors, single_actor=None) -> list[li
 def single(contexts, count, generator, actors, single_actor=None) -> list[list[JointAction]]:
     if single_actor is None:
         raise ValueError("the single protocol needs a single model (single_actor)")
-    requests = [(SINGLE_ROLE, single_actor, single_prompt(ctx)) for ctx in contexts]
+    requests = [(SINGLE_ROLE, single_actor, combine_observations(ctx)) for ctx in contexts]
     texts = generator.phase(requests, count, token_scale=len(contexts[0]) if contexts else 1)
     return [
-        [split_single(text, list(ctx)) for text in samples]
+        [split_response(text, list(ctx)) for text in samples]
         for ctx, samples in zip(contexts, texts, strict=True)
     ]
 

@@ -17,6 +17,7 @@ from conftest import DATA
 from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest fixture
 
 import llm_marl_envs
+from llm_marl_envs.wrappers.joint_text import split_response
 from magrpo import evaluate as ev
 from magrpo.agents import SamplingParams, load_policies
 from magrpo.metrics import best_at_k, compute_metrics, pass_at_k
@@ -27,7 +28,6 @@ from magrpo.protocols import (
     Actor,
     Generator,
     run_protocol,
-    split_single,
 )
 from magrpo.rollout import Completion
 
@@ -157,11 +157,11 @@ def test_sequential_discussion_single_prompts_carry_the_other_answers():
 
 def test_split_single():
     text = "intro\n### aux\ndef aux(): return 1\n## `main`:\ndef f(): return aux()\n### aux\nx"
-    assert split_single(text, ["aux", "main"]) == {
+    assert split_response(text, ["aux", "main"]) == {
         "aux": "def aux(): return 1",
         "main": "def f(): return aux()",
     }
-    assert split_single("no markers at all", ["aux", "main"]) == {"aux": "", "main": ""}
+    assert split_response("no markers at all", ["aux", "main"]) == {"aux": "", "main": ""}
 
 
 def test_one_generate_call_per_phase_and_time_attribution():

@@ -1,7 +1,7 @@
 """One text for all roles: a combined prompt, and the split of a combined answer.
 
 The answer marks each role's part with a heading line ``### <role>``. Headings are matched
-leniently (any number of ``#``, optional bold markers and colon, any case) because small models
+leniently (one to six ``#``, optional bold or code markers and colon, any case) because small models
 vary the form; text before the first heading and roles without a heading get nothing.
 """
 
@@ -30,7 +30,7 @@ def combine_observations(observations: Mapping[str, str]) -> str:
 def split_response(text: str, roles: Sequence[str]) -> dict[str, str]:
     alternatives = "|".join(re.escape(role) for role in roles)
     heading = re.compile(
-        rf"^[ \t]*#{{1,6}}[ \t]*\**[ \t]*({alternatives})[ \t]*\**[ \t]*:?[ \t]*$", re.M | re.I
+        rf"^[ \t]*#{{1,6}}[ \t]*[*`]*[ \t]*({alternatives})[ \t]*[*`]*[ \t]*:?[ \t]*$", re.M | re.I
     )
     parts = dict.fromkeys(roles, "")
     matches = list(heading.finditer(text))
