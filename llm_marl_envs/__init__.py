@@ -17,7 +17,7 @@ from .errors import (
     LLMMarlEnvError,
     UnknownEnvError,
 )
-from .registry import EnvSpec, make, register, registry, resolve_env_id
+from .registry import EnvSpec, default_eval_split, make, register, registry, resolve_env_id
 from .spaces import UnicodeText
 from .task import Evaluation, Task
 
@@ -32,6 +32,7 @@ __all__ = [
     "TextParallelEnv",
     "UnicodeText",
     "UnknownEnvError",
+    "default_eval_split",
     "make",
     "register",
     "registry",

@@ -41,6 +41,7 @@ class EnvSpec:
     required_fields: Sequence[str]
     hub_split: str | None = None
     task_options: Sequence[str] = field(default_factory=tuple)
+    eval_split: str = "test"  # where the paper evaluates; trainers and evaluators default to it
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -76,6 +77,11 @@ def resolve_env_id(env_id: str) -> str:
         + ", ".join(f"{known} ({desc})" for known, desc in registry().items())
         + ". Aliases without the version suffix are accepted."
     )
+
+
+def default_eval_split(env_id: str) -> str:
+    """The split an environment is evaluated on by default (the paper's)."""
+    return _REGISTRY[resolve_env_id(env_id)].eval_split
 
 
 def bundled_humaneval_path() -> Path:
@@ -181,6 +187,7 @@ for _spec in (
         CODING_FIELDS,
         hub_split="test",
         task_options=("sandbox_settings",),
+        eval_split="eval",
     ),
     EnvSpec(
         "coophumaneval-v0",
@@ -190,6 +197,7 @@ for _spec in (
         CODING_FIELDS,
         hub_split="test",
         task_options=("sandbox_settings",),
+        eval_split="eval",
     ),
 ):
     register(_spec)

@@ -3,12 +3,13 @@
     python -m magrpo.evaluate --env coophumaneval --data coophumaneval.json \\
         --protocols parallel,sequential,trained --adapters runs/x --samples 15 --k 1,3,5,10
 
-runs each protocol (``magrpo.protocols``) on the evaluation split (default: the paper's, see
-``EVAL_SPLITS``), lets the env score every joint action, aggregates the env's reward parts and
-infos into the task's metrics (``magrpo.metrics``), prints a markdown table on stdout and writes
-``results.json``, ``results.md``, ``samples.jsonl`` (every joint action and its score) and PNG
-bar charts (``magrpo.plot``) to ``--output-dir``. User mistakes (unknown protocol, missing
-adapters folder, k > samples, ...) end with one paragraph on stderr and exit code 2.
+runs each protocol (``magrpo.protocols``) on the evaluation split (default: the paper's,
+``llm_marl_envs.default_eval_split``), lets the env score every joint action, aggregates the
+env's reward parts and infos into the task's metrics (``magrpo.metrics``), prints a markdown
+table on stdout and writes ``results.json``, ``results.md``, ``samples.jsonl`` (every joint
+action and its score) and PNG bar charts (``magrpo.plot``) to ``--output-dir``. User mistakes
+(unknown protocol, missing adapters folder, k > samples, ...) end with one paragraph on stderr
+and exit code 2.
 
 Models: ``--model`` for every agent (default: the trained run's base model, else
 SmolLM2-135M-Instruct), ``--models a,b`` one per agent, ``--single-model`` for the
@@ -37,13 +38,6 @@ from magrpo.protocols import PROTOCOLS, Actor, Generator, ProtocolStats, run_pro
 
 logger = logging.getLogger("magrpo.evaluate")
 
-# The paper's evaluation splits; other envs: their "test" split.
-EVAL_SPLITS = {
-    "humaneval-v0": "eval",
-    "coophumaneval-v0": "eval",
-    "tldr-v0": "test",
-    "arxiv-v0": "test",
-}
 DEFAULT_BASELINES = ("single", "parallel", "sequential", "discussion")
 
 
@@ -343,7 +337,7 @@ def make_env(settings: EvalSettings):
     import llm_marl_envs
 
     env_id = llm_marl_envs.resolve_env_id(settings.env)
-    split = settings.split or EVAL_SPLITS.get(env_id, "test")
+    split = settings.split or llm_marl_envs.default_eval_split(env_id)
     kwargs: dict[str, Any] = {"split": split, "max_turns": settings.turns}
     if settings.data is not None:
         kwargs["data"] = settings.data

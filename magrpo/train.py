@@ -20,14 +20,6 @@ from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainResult
 
 logger = logging.getLogger("magrpo")
 
-# Evaluation split per task when --eval-split is not given (other envs: the training split).
-DEFAULT_EVAL_SPLITS = {
-    "humaneval-v0": "eval",
-    "coophumaneval-v0": "eval",
-    "tldr-v0": "test",
-    "arxiv-v0": "val",
-}
-
 
 def make_env(config: MAGRPOConfig, split: str | None) -> Any:
     """Build the env of ``config`` through ``llm_marl_envs.make`` (imported here, lazily)."""
@@ -65,7 +57,7 @@ def train(config: MAGRPOConfig) -> TrainResult:
 
     env_id = llm_marl_envs.resolve_env_id(config.env)
     train_env = make_env(config, config.train_split)
-    eval_split = config.eval_split or DEFAULT_EVAL_SPLITS.get(env_id, config.train_split)
+    eval_split = config.eval_split or llm_marl_envs.default_eval_split(env_id)
     eval_env = make_env(config, eval_split) if config.eval_interval else None
     started = time.perf_counter()
     trainer = MAGRPOTrainer(config, train_env, eval_env=eval_env)
