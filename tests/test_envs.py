@@ -41,6 +41,14 @@ SAMPLE_ACTIONS = {
 def test_registry_lists_the_four_tasks():
     assert set(llm_marl_envs.registry()) == set(ENV_KWARGS)
     assert all(llm_marl_envs.registry().values())
+    # the paper evaluates the coding tasks on its "eval" problems, the writing tasks on "test"
+    assert llm_marl_envs.default_eval_split("coophumaneval") == "eval"
+    assert llm_marl_envs.default_eval_split("humaneval-v0") == "eval"
+    assert (
+        llm_marl_envs.default_eval_split("arxiv")
+        == llm_marl_envs.default_eval_split("tldr")
+        == "test"
+    )
 
 
 def test_unknown_env_id_names_the_known_ones():
