@@ -30,7 +30,8 @@ def test_cli_trains_smollm2_on_coophumaneval_and_resumes(tmp_path):
     assert main([*flags, "--max-steps", "1"]) == 0
     assert main([*flags, "--max-steps", "2", "--resume"]) == 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
-    assert "reward_parts/syntax" in records[0] and "eval/reward/mean" in records[1]
+    assert [r["step"] for r in records] == [0, 1, 2]  # step 0: the untrained agents' eval
+    assert "eval/reward/mean" in records[0] and "reward/mean" not in records[0]
+    assert "reward_parts/syntax" in records[1] and "eval/reward/mean" in records[2]
     for agent in ("aux", "main"):
         assert (tmp_path / "adapters" / agent / "adapter_model.safetensors").is_file()
