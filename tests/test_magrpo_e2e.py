@@ -35,3 +35,28 @@ def test_cli_trains_smollm2_on_coophumaneval_and_resumes(tmp_path):
     assert "reward_parts/syntax" in records[1] and "eval/reward/mean" in records[2]
     for agent in ("aux", "main"):
         assert (tmp_path / "adapters" / agent / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_cli_trains_smollm2_on_tldr_sample_data(tmp_path):
+    from magrpo.checkpoint import list_checkpoints
+    from magrpo.models import ModelNotFoundError, resolve_model
+    from magrpo.train import main
+
+    try:
+        resolve_model(None)
+    except ModelNotFoundError as error:
+        pytest.skip(str(error))
+    data = Path(__file__).parent / "data" / "tldr_sample.jsonl"
+    flags = [
+        "--env", "tldr", "--data", str(data), "--max-new-tokens", "16", "--group-size", "2",
+        "--max-steps", "2", "--eval-interval", "2", "--eval-size", "2", "--save-interval", "1",
+        "--output-dir", str(tmp_path), "--no-progress-bar", "--dtype", "bfloat16",
+    ]  # fmt: skip
+    assert main(flags) == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert "reward_parts/structure" in records[1] and "eval/reward/mean" in records[2]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-1", "step-2"]
+    for agent in ("concise", "detailed"):
+        assert (tmp_path / "adapters" / agent / "adapter_model.safetensors").is_file()
