@@ -203,20 +203,24 @@ def ours_child(flags: list[str], equal_work: bool) -> int:
     trainer = cls(config, make_env(config, config.train_split))
     print(json.dumps({"event": "loaded", "seconds": time.perf_counter() - started}), flush=True)
     for step in range(1, config.max_steps + 1):
-        r = trainer.train_step()
-        print(json.dumps({
-            "event": "step", "step": step,
-            "seconds": r["time/step"],
-            "generate_seconds": r["time/generate"],
-            "reward_seconds": r["time/env"],
-            "update_seconds": r["time/update"],
-            "generated_tokens": round(r["tokens_per_second"] * r["time/generate"]),
-            "reward_mean": r["reward/mean"],
-            "trained_sequences": r.get("trained_sequences"),
-            "zero_variance_group_frac": r.get("zero_variance_group_frac"),
-        }), flush=True)
+        record = step_record(trainer.train_step())
+        print(json.dumps({"event": "step", "step": step, **record}), flush=True)
     trainer.close()
     return 0
+
+
+def step_record(metrics: dict) -> dict:
+    """One measured step, from the trainer's per-step metrics (in-process or metrics.jsonl)."""
+    return {
+        "seconds": metrics["time/step"],
+        "generate_seconds": metrics["time/generate"],
+        "reward_seconds": metrics["time/env"],
+        "update_seconds": metrics["time/update"],
+        "generated_tokens": round(metrics["tokens_per_second"] * metrics["time/generate"]),
+        "reward_mean": metrics["reward/mean"],
+        "trained_sequences": metrics.get("trained_sequences"),
+        "zero_variance_group_frac": metrics.get("zero_variance_group_frac"),
+    }
 
 
 def run_ours(args, mode: str, steps: int, log: Path) -> dict:
@@ -231,18 +235,7 @@ def run_ours(args, mode: str, steps: int, log: Path) -> dict:
         if args.ours_cli:
             text = (Path(out_dir) / "metrics.jsonl").read_text()
             records = [json.loads(line) for line in text.splitlines() if line.strip()]
-            steps_out = [
-                {
-                    "seconds": r["time/step"],
-                    "generate_seconds": r["time/generate"],
-                    "reward_seconds": r["time/env"],
-                    "update_seconds": r["time/update"],
-                    "generated_tokens": round(r["tokens_per_second"] * r["time/generate"]),
-                    "reward_mean": r["reward/mean"],
-                    "trained_sequences": r.get("trained_sequences"),
-                }
-                for r in records
-            ]
+            steps_out = [step_record(r) for r in records if "reward/mean" in r]
         else:
             steps_out = [
                 {k: v for k, v in json.loads(line).items() if k not in ("event", "step")}

@@ -94,11 +94,11 @@ def build_tokenizer():
     return tokenizer
 
 
-def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
+def tiny_llama(tokenizer, seed: int = 0):
+    """A random LlamaForCausalLM (hidden 64, 2 layers) sized to ``tokenizer``'s vocabulary."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -113,9 +113,13 @@ def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=True,
     )
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
+    tokenizer = build_tokenizer()
     folder = Path(folder)
-    model.save_pretrained(folder)
+    tiny_llama(tokenizer, seed).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

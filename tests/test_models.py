@@ -23,6 +23,7 @@ from huggingface_hub.errors import (
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
 )
+from magrpo_fixtures import tiny_llama
 
 from magrpo import models
 from magrpo.models import (
@@ -76,23 +77,8 @@ def _build_tiny_tokenizer(out: Path, *, pad_token: str | None) -> Any:
 
 def _save_tiny_model(out: Path, *, pad_token: str | None = None) -> Path:
     """Save a tiny random LlamaForCausalLM plus tokenizer: a complete from_pretrained folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tokenizer = _build_tiny_tokenizer(out, pad_token=pad_token)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    tiny_llama(tokenizer).save_pretrained(out)
     return out
 
 
