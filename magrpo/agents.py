@@ -28,8 +28,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from magrpo.losses import completion_length, completion_mask, token_logprobs
-from magrpo.rollout import Completion
-from magrpo.sampling import SamplingProcessor
+from magrpo.rollout import Completion, derive_seed
+from magrpo.sampling import SamplingProcessor, row_generators
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +141,17 @@ class Policies:
 
     # --- sampling ------------------------------------------------------------------------
     def sample(
-        self, requests: Sequence[tuple[str, str]], num_samples: int, params: SamplingParams
+        self,
+        requests: Sequence[tuple[str, str]],
+        num_samples: int,
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """``num_samples`` completions per (agent, observation); one generate call per model."""
+        """``num_samples`` completions per (agent, observation); one generate call per model.
+
+        ``seeds`` (one per request) make each request's samples a function of its seed
+        alone, not of the batch it shares; None draws from torch's global generator.
+        """
         results: list[list[Completion]] = [[] for _ in requests]
         for backend in self.backends:
             rows = [i for i, (agent, _) in enumerate(requests) if agent in backend.adapter]
@@ -151,7 +159,12 @@ class Policies:
                 continue
             agents = [requests[i][0] for i in rows]
             prompts = [self.encode_prompt(*requests[i]) for i in rows]
-            outputs = self._generate(backend, agents, prompts, num_samples, params)
+            sample_seeds = (
+                None
+                if seeds is None
+                else [derive_seed(seeds[i], g) for i in rows for g in range(num_samples)]
+            )
+            outputs = self._generate(backend, agents, prompts, num_samples, params, sample_seeds)
             for k, completion_ids in enumerate(outputs):
                 row = k // num_samples
                 length = completion_length(completion_ids, backend.eos_ids)
@@ -184,6 +197,7 @@ class Policies:
         prompts: list[list[int]],
         num_samples: int,
         params: SamplingParams,
+        sample_seeds: Sequence[int] | None = None,
     ) -> list[list[int]]:
         """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
 
@@ -203,7 +217,12 @@ class Policies:
         # sort) and generate's greedy argmax picks it; temperature 0 is plain greedy.
         processors = []
         if params.temperature > 0:
-            processors.append(SamplingProcessor(params.temperature, params.top_p, params.top_k))
+            generators = (
+                None if sample_seeds is None else row_generators(sample_seeds, backend.device)
+            )
+            processors.append(
+                SamplingProcessor(params.temperature, params.top_p, params.top_k, generators)
+            )
         output = backend.model.generate(
             input_ids=input_ids.repeat_interleave(num_samples, dim=0),
             attention_mask=attention_mask.repeat_interleave(num_samples, dim=0),

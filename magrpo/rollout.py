@@ -8,6 +8,10 @@ still running becomes a child node that samples a fresh group from that branch's
 observations. Returns: R_j = r_j + discount * mean(returns of the child's joints).
 All nodes of one depth, over all roots, are sampled in one batched call.
 
+Randomness: given ``root_seeds``, every request carries a seed derived from its root's seed
+and its path in the tree (joint index, agent), so a tree's samples do not depend on which
+other trees share the batch: one process or many, the same episodes get the same samples.
+
 The result is plain records (``Node``, ``JointOutcome``, ``Completion``); advantages and
 losses are computed elsewhere.
 """
@@ -61,6 +65,7 @@ class Node:
     samples: dict[str, list[Completion]] = field(default_factory=dict)
     joints: list[JointOutcome] = field(default_factory=list)
     sample_returns: dict[str, list[float]] = field(default_factory=dict)
+    seed: int | None = None  # its samples' randomness (None: torch's global generator)
 
 
 @dataclass
@@ -79,8 +84,16 @@ class RolloutResult:
         return 1 + max(node.turn for node in self.nodes)
 
 
-# sample_fn(requests=[(agent, observation), ...], num_samples) -> one list of samples per request
-SampleFn = Callable[[Sequence[tuple[str, str]], int], list[list[Completion]]]
+# sample_fn(requests=[(agent, observation), ...], num_samples, seeds=[int, ...] | None)
+#   -> one list of samples per request
+SampleFn = Callable[[Sequence[tuple[str, str]], int, Sequence[int] | None], list[list[Completion]]]
+
+
+def derive_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integers (a tree path, a sample index, ...)."""
+    return int(
+        np.random.SeedSequence([int(p) % 2**63 for p in parts]).generate_state(2, np.uint64)[0] >> 1
+    )
 
 
 def joint_actions(num_agents: int, group_size: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -118,6 +131,7 @@ def run_rollout(
     num_turns: int = 1,
     discount: float = 1.0,
     early_termination_threshold: float | None = None,
+    root_seeds: Sequence[int] | None = None,
 ) -> RolloutResult:
     """Expand the rollout tree of every root (an env right after ``reset``)."""
     nodes: list[Node] = []
@@ -125,14 +139,21 @@ def run_rollout(
     for root, (env, observations) in enumerate(zip(root_envs, root_observations, strict=True)):
         agents = list(env.agents)
         node = Node(len(nodes), root, 0, None, agents, {a: observations[a] for a in agents})
+        if root_seeds is not None:
+            node.seed = derive_seed(root_seeds[root])
         nodes.append(node)
         frontier.append((node, env))
     result = RolloutResult(nodes, len(root_envs))
 
     while frontier:
         requests = [(a, node.observations[a]) for node, _ in frontier for a in node.agents]
+        seeds = None
+        if root_seeds is not None:
+            seeds = [
+                derive_seed(node.seed, i) for node, _ in frontier for i in range(len(node.agents))
+            ]
         started = time.perf_counter()
-        groups = iter(sample_fn(requests, group_size))
+        groups = iter(sample_fn(requests, group_size, seeds))
         result.seconds_generate += time.perf_counter() - started
         for node, _ in frontier:
             for agent in node.agents:
@@ -164,7 +185,7 @@ def run_rollout(
             )
             if not expand:
                 continue
-            for outcome, branch, observations in pending[node.node_id]:
+            for joint, (outcome, branch, observations) in enumerate(pending[node.node_id]):
                 if outcome.done:
                     continue
                 agents = list(branch.agents)
@@ -175,6 +196,7 @@ def run_rollout(
                     node.node_id,
                     agents,
                     {a: observations[a] for a in agents},
+                    seed=None if node.seed is None else derive_seed(node.seed, -1, joint),
                 )
                 outcome.child = child.node_id
                 nodes.append(child)

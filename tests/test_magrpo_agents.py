@@ -40,6 +40,21 @@ def test_mixed_adapter_batch_equals_per_agent_generation(policies):
     assert together[0][0].completion_ids != together[1][0].completion_ids  # adapters differ
 
 
+def test_seeded_samples_do_not_depend_on_the_batch(policies):
+    """With per-request seeds, what a request draws is fixed by its seed: batched with other
+    prompts or alone (as on another data-parallel process), the samples are the same."""
+    hot = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
+    requests = [("alice", "say words"), ("bob", "a longer task prompt here"), ("alice", "x")]
+    seeds = [5, 6, 7]
+    together = policies.sample(requests, 3, hot, seeds)
+    alone = [policies.sample([r], 3, hot, [s])[0] for r, s in zip(requests, seeds, strict=True)]
+    for joint, single in zip(together, alone, strict=True):
+        assert [c.completion_ids for c in joint] == [c.completion_ids for c in single]
+    assert len({tuple(c.completion_ids) for c in together[0]}) > 1  # samples of a group differ
+    reseeded = policies.sample(requests[:1], 3, hot, [8])[0]
+    assert [c.completion_ids for c in reseeded] != [c.completion_ids for c in together[0]]
+
+
 def test_shared_prefill_generation_equals_plain_generate(policies):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths

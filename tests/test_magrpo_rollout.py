@@ -13,10 +13,12 @@ SCRIPT = {"alice": ["apple egg", "bat cat"], "bob": ["one two three", "dog"]}
 #   (a0,b0) = 1.0 + 0.5 = 1.5   (a0,b1) = 1.0   (a1,b0) = 0.5   (a1,b1) = 0.0
 
 
-def scripted_sampler(calls=None):
-    def sample(requests, num_samples):
+def scripted_sampler(calls=None, seeds_seen=None):
+    def sample(requests, num_samples, seeds=None):
         if calls is not None:
             calls.append(list(requests))
+        if seeds_seen is not None:
+            seeds_seen.append(seeds)
         return [
             [Completion(agent, SCRIPT[agent][g], [1], [2], True) for g in range(num_samples)]
             for agent, _ in requests
@@ -94,3 +96,35 @@ def test_one_sampling_call_per_depth_over_all_roots():
     assert len(calls[0]) == 3 * 2 and len(calls[1]) == 6 * 2
     assert result.num_roots == 3 and len(result.nodes) == 9
     assert calls[0][0] == ("alice", "say words alice")
+
+
+def test_request_seeds_depend_on_the_tree_not_on_the_batch():
+    """Seeded requests: a tree gets the same seeds alone or batched with others (sharding)."""
+
+    def seeds_of(root_seeds, num_roots=None):
+        envs, observations = [], []
+        for _ in range(num_roots or len(root_seeds)):
+            env = WordGameEnv(max_turns=2)
+            observations.append(env.reset(seed=0, options={"index": 0})[0])
+            envs.append(env)
+        seen = []
+        with ThreadPoolExecutor(4) as pool:
+            run_rollout(
+                envs,
+                observations,
+                scripted_sampler(seeds_seen=seen),
+                pool,
+                group_size=2,
+                num_turns=2,
+                root_seeds=root_seeds,
+            )
+        return seen
+
+    together = seeds_of([11, 22])
+    alone = [seeds_of([11]), seeds_of([22])]
+    # turn 1: 2 agents per root; turn 2: 2 children per root, 2 agents each
+    assert together[0] == alone[0][0] + alone[1][0]
+    assert together[1] == alone[0][1] + alone[1][1]
+    every = [seed for call in together for seed in call]
+    assert len(set(every)) == len(every)  # every (node, agent) draws its own stream
+    assert seeds_of(None, num_roots=1) == [None, None]  # unseeded: torch's global generator
