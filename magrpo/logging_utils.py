@@ -77,3 +77,16 @@ class MetricsLogger:
             self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class NullMetricsLogger:
+    """The metrics sink of the data-parallel processes other than the first: writes nothing."""
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / "metrics.jsonl"
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -10,6 +10,7 @@ unreadable dataset, bad value, missing model) are printed as one paragraph, exit
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -65,7 +66,8 @@ def train(config: MAGRPOConfig) -> TrainResult:
         result = trainer.train()
     finally:
         trainer.close()
-    print_summary(result, time.perf_counter() - started)
+    if trainer.parallel.is_main:
+        print_summary(result, time.perf_counter() - started)
     return result
 
 
@@ -85,8 +87,11 @@ def print_summary(result: TrainResult, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # under torchrun / accelerate launch, the other processes only report problems
+    main_process = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO if main_process else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         config = config_from_args(argv)

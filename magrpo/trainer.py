@@ -24,6 +24,7 @@ Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -41,10 +42,17 @@ from gymnasium import spaces
 
 from magrpo.advantages import compute_advantages
 from magrpo.agents import Policies, SamplingParams, load_policies
-from magrpo.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from magrpo.checkpoint import (
+    checkpoint_root,
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+)
 from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
-from magrpo.logging_utils import MetricsLogger
+from magrpo.distributed import DataParallel
+from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.rollout import Completion, RolloutResult, run_rollout
 
@@ -156,6 +164,14 @@ class MAGRPOTrainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.parallel = DataParallel(self.accelerator)
+        if config.prompts_per_step % self.parallel.world_size:
+            raise ConfigError(
+                f"prompts_per_step={config.prompts_per_step} is the global batch and must be a "
+                f"multiple of the {self.parallel.world_size} training processes, so that every "
+                "process gets the same number of episodes: change --prompts-per-step or the "
+                "number of processes."
+            )
         set_seed(config.seed)
         self.policies = policies or self._load_policies(model_resolver)
         missing = [a for a in self.agents if a not in self.policies.backend_of]
@@ -163,6 +179,10 @@ class MAGRPOTrainer:
             raise ConfigError(
                 f"The given policies have no model for agent(s) {missing}; the env's agents are "
                 f"{self.agents}."
+            )
+        for agent in self.agents:
+            self.parallel.broadcast_parameters(
+                self.policies.named_trainable_parameters(agent).values()
             )
         self.optimizers = {
             agent: self.accelerator.prepare_optimizer(
@@ -190,6 +210,7 @@ class MAGRPOTrainer:
         self.executor = ThreadPoolExecutor(max_workers=config.env_workers)
         self.output_dir = Path(config.output_dir)
         self.step = 0
+        self.saved_step: int | None = None  # the step of the newest checkpoint written or read
         self.best_reward = -math.inf
         self.last_reward = math.nan
         self.last_eval_reward: float | None = None
@@ -249,20 +270,28 @@ class MAGRPOTrainer:
         return root_envs, root_observations
 
     def collect(self) -> RolloutResult:
-        """Sample the rollout trees of ``prompts_per_step`` new episodes."""
+        """Sample the rollout trees of this process's share of ``prompts_per_step`` episodes.
+
+        Each tree's randomness is seeded by its episode's reset seed, so the samples of an
+        episode are the same whatever the batch and the number of processes.
+        """
         config = self.config
         items = [self.data_order.next() for _ in range(config.prompts_per_step)]
+        items = self.parallel.shard(items)
         root_envs, root_observations = self._reset_roots(self.env, items)
         return run_rollout(
             root_envs,
             root_observations,
-            lambda requests, n: self.policies.sample(requests, n, self.train_sampling),
+            lambda requests, n, seeds: self.policies.sample(
+                requests, n, self.train_sampling, seeds
+            ),
             self.executor,
             group_size=config.group_size,
             joint_mode=config.joint_mode,
             num_turns=config.num_turns,
             discount=config.discount,
             early_termination_threshold=config.early_termination_threshold,
+            root_seeds=[reset_seed for _, reset_seed in items],
         )
 
     def build_samples(self, rollout: RolloutResult) -> tuple[list[TrainSample], dict[str, float]]:
@@ -281,6 +310,7 @@ class MAGRPOTrainer:
                     TrainSample(c, float(a))
                     for c, a in zip(node.samples[agent], advantages.tolist(), strict=True)
                 )
+        zero_variance, groups = self.parallel.sum([zero_variance, groups])
         return samples, {"zero_variance_group_frac": zero_variance / max(groups, 1)}
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
@@ -307,15 +337,24 @@ class MAGRPOTrainer:
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
         """Policy-gradient update(s) of every agent from one rollout."""
         config = self.config
+        # global totals: the processes' losses then sum to the loss of the global batch
+        totals = self.parallel.sum(
+            [
+                total
+                for agent in self.agents
+                for total in (
+                    sum(1 for s in samples if s.agent == agent),
+                    sum(len(s.completion.completion_ids) for s in samples if s.agent == agent),
+                )
+            ]
+        )
         normalizers = {
             agent: LossNormalizer(
-                num_sequences=sum(1 for s in samples if s.agent == agent),
-                num_tokens=sum(
-                    len(s.completion.completion_ids) for s in samples if s.agent == agent
-                ),
+                num_sequences=int(totals[2 * i]),
+                num_tokens=int(totals[2 * i + 1]),
                 max_new_tokens=config.max_new_tokens,
             )
-            for agent in self.agents
+            for i, agent in enumerate(self.agents)
         }
         use_kl = config.kl_coef > 0
         # Without a KL term a zero advantage contributes exactly zero gradient: skip it.
@@ -361,8 +400,8 @@ class MAGRPOTrainer:
                         kl_sum += float((kl.detach() * current.mask).sum())
                         kl_tokens += float(current.mask.sum())
             for agent in self.agents:
-                params = [p for p in self.policies.named_trainable_parameters(agent).values()]
-                if all(p.grad is None for p in params):
+                params = list(self.policies.named_trainable_parameters(agent).values())
+                if not self.parallel.sum_gradients(params):
                     continue
                 if config.max_grad_norm is not None:
                     norm = self.accelerator.clip_grad_norm_(params, config.max_grad_norm)
@@ -370,9 +409,14 @@ class MAGRPOTrainer:
                         metrics[f"grad_norm/{agent}"] = float(norm)
                 self.optimizers[agent].step()
                 self.optimizers[agent].zero_grad(set_to_none=True)
+        # per-process partial sums -> global values (grad norms are already global)
+        summed = ["loss", *(f"loss/{agent}" for agent in self.agents)]
+        for key, value in zip(summed, self.parallel.sum([metrics[k] for k in summed]), strict=True):
+            metrics[key] = value
+        kl_sum, kl_tokens, trained = self.parallel.sum([kl_sum, kl_tokens, len(active)])
         if kl_tokens:
             metrics["kl"] = kl_sum / kl_tokens
-        metrics["trained_sequences"] = float(len(active))
+        metrics["trained_sequences"] = trained
         return dict(metrics)
 
     def train_step(self) -> dict[str, float]:
@@ -382,24 +426,58 @@ class MAGRPOTrainer:
         update_started = time.perf_counter()
         update_metrics = self.update(samples)
         update_seconds = time.perf_counter() - update_started
+        everyone = self._gather_rollouts(rollout)
         metrics = {
-            **rollout_metrics(rollout),
+            **rollout_metrics(everyone),
             **sample_metrics,
             **update_metrics,
-            "tokens_per_second": rollout.generated_tokens / max(rollout.seconds_generate, 1e-9),
-            "time/generate": rollout.seconds_generate,
-            "time/env": rollout.seconds_env,
+            "tokens_per_second": everyone.generated_tokens / max(everyone.seconds_generate, 1e-9),
+            "time/generate": everyone.seconds_generate,
+            "time/env": everyone.seconds_env,
             "time/update": update_seconds,
             "time/step": time.perf_counter() - started,
             "epoch": self.data_order.epoch
             + self.data_order.position / (self.data_order.num_items or 1),
         }
-        for agent in self.agents:
-            lengths = [len(s.completion.completion_ids) for s in samples if s.agent == agent]
-            finished = [s.completion.finished for s in samples if s.agent == agent]
-            metrics[f"completion_length/{agent}"] = float(np.mean(lengths))
-            metrics[f"completion_finished_frac/{agent}"] = float(np.mean(finished))
+        counts = self.parallel.sum(
+            [
+                total
+                for agent in self.agents
+                for total in (
+                    sum(1 for s in samples if s.agent == agent),
+                    sum(len(s.completion.completion_ids) for s in samples if s.agent == agent),
+                    sum(s.completion.finished for s in samples if s.agent == agent),
+                )
+            ]
+        )
+        for i, agent in enumerate(self.agents):
+            number, tokens, finished = counts[3 * i : 3 * i + 3]
+            metrics[f"completion_length/{agent}"] = tokens / max(number, 1)
+            metrics[f"completion_finished_frac/{agent}"] = finished / max(number, 1)
         return metrics
+
+    def _gather_rollouts(self, rollout: RolloutResult) -> RolloutResult:
+        """Every process's rollout as one record for metrics (texts and token ids left out).
+
+        Seconds are the slowest process's: it sets the step time.
+        """
+        if self.parallel.world_size == 1:
+            return rollout
+        slim = RolloutResult(
+            [dataclasses.replace(n, samples={}, observations={}) for n in rollout.nodes],
+            rollout.num_roots,
+            rollout.seconds_generate,
+            rollout.seconds_env,
+            rollout.generated_tokens,
+        )
+        shares = self.parallel.gather([slim])
+        return RolloutResult(
+            [node for share in shares for node in share.nodes],
+            sum(share.num_roots for share in shares),
+            max(share.seconds_generate for share in shares),
+            max(share.seconds_env for share in shares),
+            sum(share.generated_tokens for share in shares),
+        )
 
     # --- evaluation ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -415,18 +493,20 @@ class MAGRPOTrainer:
             (i if isinstance(num_items, int) else None, self.config.seed + 10**6 + i)
             for i in range(count)
         ]
-        with torch.random.fork_rng(devices=[]):
-            root_envs, root_observations = self._reset_roots(env, items)
-            rollout = run_rollout(
-                root_envs,
-                root_observations,
-                lambda requests, n: self.policies.sample(requests, n, self.eval_sampling),
-                self.executor,
-                group_size=1,
-                num_turns=self.config.num_turns,
-                discount=self.config.discount,
-            )
-        return {f"eval/{k}": v for k, v in rollout_metrics(rollout).items()}
+        items = self.parallel.shard(items)
+        root_envs, root_observations = self._reset_roots(env, items)
+        rollout = run_rollout(
+            root_envs,
+            root_observations,
+            lambda requests, n, seeds: self.policies.sample(requests, n, self.eval_sampling, seeds),
+            self.executor,
+            group_size=1,
+            num_turns=self.config.num_turns,
+            discount=self.config.discount,
+            root_seeds=[reset_seed for _, reset_seed in items],
+        )
+        everyone = self._gather_rollouts(rollout)
+        return {f"eval/{k}": v for k, v in rollout_metrics(everyone).items()}
 
     # --- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -464,14 +544,22 @@ class MAGRPOTrainer:
         restore_rng_state(state["rng"])
 
     def save_checkpoint(self) -> Path:
-        return save_checkpoint(
-            self.output_dir, self.step, self.state_dict(), self.config.save_total_limit
-        )
+        """Process 0 writes (the state is the same on every process); the others wait for it."""
+        path = checkpoint_root(self.output_dir) / f"step-{self.step}"
+        if self.parallel.is_main:
+            path = save_checkpoint(
+                self.output_dir, self.step, self.state_dict(), self.config.save_total_limit
+            )
+        self.parallel.barrier()
+        self.saved_step = self.step
+        return path
 
     def save_final(self) -> Path:
         folder = self.output_dir / ("models" if self.config.finetune == "full" else "adapters")
-        for agent in self.agents:
-            self.policies.save_agent(agent, folder)
+        if self.parallel.is_main:
+            for agent in self.agents:
+                self.policies.save_agent(agent, folder)
+        self.parallel.barrier()
         return folder
 
     # --- the loop --------------------------------------------------------------------------
@@ -484,19 +572,24 @@ class MAGRPOTrainer:
                 logger.warning("--resume: no checkpoint in %s, starting fresh", self.output_dir)
             else:
                 self.load_state_dict(load_checkpoint(checkpoint))
-                resume_step = self.step
+                resume_step = self.saved_step = self.step
                 logger.info("resumed from %s (step %d)", checkpoint, self.step)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-        metrics_logger = MetricsLogger(
-            self.output_dir,
-            config.log_backends,
-            config.to_dict(),
-            config.wandb_project,
-            resume_step,
-        )
+        if self.parallel.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+            metrics_logger = MetricsLogger(
+                self.output_dir,
+                config.log_backends,
+                config.to_dict(),
+                config.wandb_project,
+                resume_step,
+            )
+        else:  # every process computes the same metrics; one writes them
+            metrics_logger = NullMetricsLogger(self.output_dir)
         history: list[dict[str, Any]] = []
-        progress = _progress_bar(config.progress_bar, self.total_steps, self.step)
+        progress = _progress_bar(
+            config.progress_bar and self.parallel.is_main, self.total_steps, self.step
+        )
         try:
             if config.eval_interval and resume_step is None and self.step == 0:
                 baseline = self.evaluate()  # step 0: the untrained agents, for before/after
@@ -525,7 +618,7 @@ class MAGRPOTrainer:
                     progress.set_postfix(
                         reward=f"{self.last_reward:.3f}", s_step=f"{metrics['time/step']:.1f}"
                     )
-            if not list_has_step(self.output_dir, self.step):
+            if self.saved_step != self.step:
                 self.save_checkpoint()
             adapters_dir = self.save_final()
         finally:
@@ -545,11 +638,6 @@ class MAGRPOTrainer:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
-
-
-def list_has_step(output_dir: Path, step: int) -> bool:
-    latest = latest_checkpoint(output_dir)
-    return latest is not None and latest.name == f"step-{step}"
 
 
 def _progress_bar(enabled: bool, total: int, initial: int):
