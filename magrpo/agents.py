@@ -364,8 +364,13 @@ def load_policies(
     use_chat_template: bool = True,
     need_reference: bool = False,
     device: torch.device | str = "cpu",
+    agent_devices: Sequence[torch.device | str] | None = None,
 ) -> Policies:
-    """Load the policies. ``model_paths``: one per agent (identical paths + LoRA: shared)."""
+    """Load the policies. ``model_paths``: one per agent (identical paths + LoRA: shared).
+
+    ``agent_devices`` (one per agent) places separate models on separate devices, e.g. two
+    7B agents on two GPUs; a shared base cannot be split, so it then needs one device.
+    """
     from peft import get_peft_model
 
     agents = list(agents)
@@ -374,12 +379,24 @@ def load_policies(
             f"Got {len(model_paths)} model(s) for {len(agents)} agents ({', '.join(agents)}): "
             "pass one --model for all agents or exactly one --models entry per agent."
         )
+    devices = [torch.device(d) for d in (agent_devices or [device] * len(agents))]
+    if len(devices) != len(agents):
+        raise ModelLoadError(
+            f"Got {len(devices)} device(s) for {len(agents)} agents ({', '.join(agents)}): "
+            "--agent-devices needs exactly one device per agent, in that order."
+        )
     torch_dtype = DTYPES[dtype]
-    device = torch.device(device)
     lora = _lora_config(lora_rank, lora_alpha, lora_target_modules)
     backends: list[_Backend] = []
     if finetune == "lora" and len(set(model_paths)) == 1:
-        base, tokenizer = _load_model(model_paths[0], torch_dtype, device)
+        if len(set(devices)) > 1:
+            raise ModelLoadError(
+                f"--agent-devices {' '.join(map(str, devices))} puts agents on different "
+                "devices, but with --finetune lora and one model every agent is an adapter on "
+                "one shared base model, which lives on one device. Use --finetune full (or "
+                "--models, one per agent) to give each agent its own model, or one device."
+            )
+        base, tokenizer = _load_model(model_paths[0], torch_dtype, devices[0])
         names = [_adapter_name(a) for a in agents]
         if len(set(names)) != len(names):
             raise ModelLoadError(f"Agent names {agents} collide as adapter names {names}.")
@@ -390,7 +407,7 @@ def load_policies(
         model.eval()  # no dropout; and peft mixes adapters in a batch only in eval mode
         backends.append(_Backend(model, tokenizer, agents, "shared_lora"))
     else:
-        for agent, path in zip(agents, model_paths, strict=True):
+        for agent, path, device in zip(agents, model_paths, devices, strict=True):
             model, tokenizer = _load_model(path, torch_dtype, device)
             reference = None
             if finetune == "lora":

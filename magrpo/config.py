@@ -20,6 +20,7 @@ JOINT_MODES = ("aligned", "cross")
 FINETUNE_MODES = ("lora", "full")
 DTYPES = ("float32", "bfloat16", "float16")
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+GENERATION_BACKENDS = ("hf", "vllm")
 
 
 class ConfigError(ValueError):
@@ -83,6 +84,14 @@ class MAGRPOConfig:
     )
     dtype: str = field(
         default="float32", metadata=_help("Model weight dtype: float32 | bfloat16 | float16.")
+    )
+    agent_devices: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "One torch device per agent, in possible_agents order (e.g. cuda:0 cuda:1), for "
+            "separate models (--finetune full or --models): agent i lives on device i. None: "
+            "every model on the process's device."
+        ),
     )
     use_chat_template: bool = field(
         default=True,
@@ -172,6 +181,17 @@ class MAGRPOConfig:
         ),
     )
     seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
+    generation_backend: str = field(
+        default="hf",
+        metadata=_help(
+            "Who samples completions: 'hf' (transformers generate) | 'vllm' (one base + one "
+            "LoRA per agent served by vLLM; needs a CUDA GPU and the vllm extra)."
+        ),
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.5,
+        metadata=_help("Fraction of GPU memory vLLM may take (the trainer needs the rest)."),
+    )
 
     # Output, evaluation, logging -----------------------------------------------------------
     output_dir: str = field(default="runs/magrpo", metadata=_help("Where everything is written."))
@@ -269,6 +289,20 @@ class MAGRPOConfig:
                 "and needs clipped importance ratios. Set --clip-epsilon (e.g. 0.2) or use "
                 "--num-update-epochs 1."
             )
+        if self.generation_backend not in GENERATION_BACKENDS:
+            raise bad(
+                "generation_backend",
+                self.generation_backend,
+                f"one of {', '.join(GENERATION_BACKENDS)}",
+            )
+        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
+            raise bad(
+                "vllm_gpu_memory_utilization",
+                self.vllm_gpu_memory_utilization,
+                "a number in (0, 1)",
+            )
+        if self.agent_devices is not None and len(self.agent_devices) == 0:
+            raise bad("agent_devices", self.agent_devices, "a non-empty list, one device per agent")
         if self.models is not None and len(self.models) == 0:
             raise bad("models", self.models, "a non-empty list, one model per agent")
         unknown = [b for b in self.log_backends if b not in LOG_BACKENDS]

@@ -18,6 +18,7 @@ from typing import Any
 from magrpo.agents import ModelLoadError
 from magrpo.config import ConfigError, MAGRPOConfig, config_from_args
 from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainResult
+from magrpo.vllm_sampler import VLLMUnavailableError
 
 logger = logging.getLogger("magrpo")
 
@@ -36,7 +37,12 @@ def make_env(config: MAGRPOConfig, split: str | None) -> Any:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ConfigError, ModelLoadError, IncompatibleEnvError]
+    errors: list[type[BaseException]] = [
+        ConfigError,
+        ModelLoadError,
+        IncompatibleEnvError,
+        VLLMUnavailableError,
+    ]
     try:
         from llm_marl_envs import LLMMarlEnvError
 

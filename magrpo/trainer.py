@@ -172,6 +172,10 @@ class MAGRPOTrainer:
                 "process gets the same number of episodes: change --prompts-per-step or the "
                 "number of processes."
             )
+        if config.generation_backend == "vllm":
+            from magrpo.vllm_sampler import import_vllm
+
+            import_vllm()
         set_seed(config.seed)
         self.policies = policies or self._load_policies(model_resolver)
         missing = [a for a in self.agents if a not in self.policies.backend_of]
@@ -190,10 +194,12 @@ class MAGRPOTrainer:
                     list(self.policies.named_trainable_parameters(agent).values()),
                     lr=config.learning_rate,
                     weight_decay=config.weight_decay,
-                )
+                ),
+                device_placement=False,  # states stay with their agent's parameters
             )
             for agent in self.agents
         }
+        self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
         num_items = getattr(env, "num_items", None)
         self.data_order = DataOrder(
             num_items if isinstance(num_items, int) and not isinstance(num_items, bool) else None,
@@ -230,9 +236,10 @@ class MAGRPOTrainer:
         for name in names:
             if name not in resolved:
                 resolved[name] = model_resolver(name)
+        self.model_paths = [resolved[name] for name in names]
         return load_policies(
             self.agents,
-            [resolved[name] for name in names],
+            self.model_paths,
             finetune=config.finetune,
             lora_rank=config.lora_rank,
             lora_alpha=config.lora_alpha,
@@ -241,6 +248,55 @@ class MAGRPOTrainer:
             use_chat_template=config.use_chat_template,
             need_reference=config.kl_coef > 0,
             device=self.accelerator.device,
+            agent_devices=self._agent_devices(),
+        )
+
+    def _agent_devices(self) -> list[torch.device] | None:
+        names = self.config.agent_devices
+        if names is None:
+            return None
+        if self.parallel.world_size > 1:
+            raise ConfigError(
+                "--agent-devices places each agent on a fixed device, but this run has "
+                f"{self.parallel.world_size} data-parallel processes, which each take their own "
+                "device: drop --agent-devices, or run one process."
+            )
+        if len(names) != len(self.agents):
+            raise ConfigError(
+                f"--agent-devices lists {len(names)} device(s) but the env has "
+                f"{len(self.agents)} agents ({', '.join(self.agents)}): give one per agent."
+            )
+        devices = []
+        for name in names:
+            try:
+                device = torch.device(name)
+            except RuntimeError as error:
+                raise ConfigError(
+                    f"--agent-devices: {name!r} is not a torch device ({error})."
+                ) from None
+            if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"--agent-devices: {name} does not exist; this machine has "
+                    f"{torch.cuda.device_count()} CUDA device(s)."
+                )
+            devices.append(device)
+        return devices
+
+    def _start_vllm(self) -> Any:
+        from magrpo.vllm_sampler import VLLMSampler
+
+        paths = getattr(self, "model_paths", None)
+        if not paths:
+            raise ConfigError(
+                "--generation-backend vllm starts vLLM from the model's files, but the trainer "
+                "was given ready-made policies: let it load them (--model), or use the hf backend."
+            )
+        return VLLMSampler(
+            self.policies,
+            paths[0],
+            dtype=self.config.dtype,
+            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
+            seed=self.config.seed,
         )
 
     def _total_steps(self) -> int:
@@ -258,6 +314,11 @@ class MAGRPOTrainer:
             config.num_epochs * self.data_order.num_items / config.prompts_per_step
         )
         return min(epoch_steps, config.max_steps) if config.max_steps else epoch_steps
+
+    def _sample_fn(self, params: SamplingParams) -> Callable:
+        """The rollout's ``sample_fn``: transformers' generate, or vLLM when it serves."""
+        sample = self.policies.sample if self.vllm is None else self.vllm.sample
+        return lambda requests, n, seeds: sample(requests, n, params, seeds)
 
     # --- one step --------------------------------------------------------------------------
     def _reset_roots(self, env: Any, items: list[tuple[int | None, int]]):
@@ -282,9 +343,7 @@ class MAGRPOTrainer:
         return run_rollout(
             root_envs,
             root_observations,
-            lambda requests, n, seeds: self.policies.sample(
-                requests, n, self.train_sampling, seeds
-            ),
+            self._sample_fn(self.train_sampling),
             self.executor,
             group_size=config.group_size,
             joint_mode=config.joint_mode,
@@ -409,6 +468,8 @@ class MAGRPOTrainer:
                         metrics[f"grad_norm/{agent}"] = float(norm)
                 self.optimizers[agent].step()
                 self.optimizers[agent].zero_grad(set_to_none=True)
+        if self.vllm is not None:
+            self.vllm.sync()  # vLLM samples the next rollout with the updated adapters
         # per-process partial sums -> global values (grad norms are already global)
         summed = ["loss", *(f"loss/{agent}" for agent in self.agents)]
         for key, value in zip(summed, self.parallel.sum([metrics[k] for k in summed]), strict=True):
@@ -498,7 +559,7 @@ class MAGRPOTrainer:
         rollout = run_rollout(
             root_envs,
             root_observations,
-            lambda requests, n, seeds: self.policies.sample(requests, n, self.eval_sampling, seeds),
+            self._sample_fn(self.eval_sampling),
             self.executor,
             group_size=1,
             num_turns=self.config.num_turns,
@@ -573,6 +634,8 @@ class MAGRPOTrainer:
             else:
                 self.load_state_dict(load_checkpoint(checkpoint))
                 resume_step = self.saved_step = self.step
+                if self.vllm is not None:
+                    self.vllm.sync()
                 logger.info("resumed from %s (step %d)", checkpoint, self.step)
         if self.parallel.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -638,6 +701,8 @@ class MAGRPOTrainer:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
+        if self.vllm is not None:
+            self.vllm.close()
 
 
 def _progress_bar(enabled: bool, total: int, initial: int):

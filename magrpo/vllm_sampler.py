@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from magrpo.config import ConfigError
 from magrpo.losses import completion_length
 from magrpo.rollout import Completion
 
@@ -96,7 +97,7 @@ class VLLMSampler:
     ):
         # The mode check comes first: it is a configuration error on any machine.
         self.backend: _Backend = _shared_lora_backend(policies)
-        self._api = _import_vllm()
+        self._api = import_vllm()
         self.policies = policies
         self.agents = list(self.backend.agents)
         _warn_if_other_base(self.backend, model_path)
@@ -317,7 +318,7 @@ def _shared_lora_backend(policies: Policies) -> _Backend:
     if len(backends) == 1 and backends[0].mode == "shared_lora":
         return backends[0]
     found = "; ".join(f"{b.mode} for {', '.join(b.agents)}" for b in backends)
-    raise ValueError(
+    raise ConfigError(
         "The vLLM generation backend supports only LoRA agents on one shared base model "
         f"(finetune=lora with a single --model), but these policies are: {found}. vLLM serves "
         "one frozen base and reloads only the small per-agent adapters after each step; full "
@@ -326,7 +327,9 @@ def _shared_lora_backend(policies: Policies) -> _Backend:
     )
 
 
-def _import_vllm() -> _VLLMApi:
+def import_vllm() -> _VLLMApi:
+    """vLLM's entry points, or VLLMUnavailableError saying what is missing (checked before
+    any model is loaded, so a run without vLLM fails in seconds, not after a 7B load)."""
     problems = []
     api = None
     try:
@@ -368,7 +371,7 @@ def _vllm_max_lora_rank(backend: _Backend) -> int:
     for allowed in VLLM_MAX_LORA_RANKS:
         if rank <= allowed:
             return allowed
-    raise ValueError(
+    raise ConfigError(
         f"The agents' LoRA rank {rank} is above {VLLM_MAX_LORA_RANKS[-1]}, the largest rank vLLM "
         "serves. Use a smaller --lora-rank, or `--generation-backend hf`."
     )

@@ -53,6 +53,9 @@ def test_cli_flags_override_yaml(tmp_path):
         ({"max_steps": None}, "num_epochs"),
         ({"log_backends": ["mlflow"]}, "log_backends"),
         ({"dtype": "int8"}, "bfloat16"),
+        ({"generation_backend": "sglang"}, "hf, vllm"),
+        ({"vllm_gpu_memory_utilization": 1.5}, "(0, 1)"),
+        ({"agent_devices": []}, "one device per agent"),
     ],
 )
 def test_validation_errors_are_clear(changes, needle):

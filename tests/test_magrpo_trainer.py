@@ -9,7 +9,7 @@ from gymnasium import spaces
 from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest fixture
 
 from magrpo.checkpoint import latest_checkpoint, list_checkpoints
-from magrpo.config import MAGRPOConfig
+from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.rollout import Completion
 from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample
 
@@ -194,6 +194,47 @@ def test_cli_reports_user_errors_in_one_paragraph(capsys, tmp_path):
     missing = ["--env", "tldr", "--data", str(tmp_path / "missing.jsonl")]
     assert main([*missing, "--output-dir", str(tmp_path)]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_vllm_backend_without_vllm_is_one_clear_error(capsys, tmp_path, tiny_model_path):  # noqa: F811
+    from magrpo.train import main
+
+    args = ["--env", "tldr", "--data", str(Path(__file__).parent / "data" / "tldr_sample.jsonl")]
+    args += ["--model", tiny_model_path, "--output-dir", str(tmp_path), "--max-steps", "1"]
+    code = main([*args, "--generation-backend", "vllm"])
+    if code == 0:
+        pytest.skip("vllm and a GPU are available: the backend ran")
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--generation-backend hf" in error and "pip install" in error
+
+
+def test_agent_devices_place_separate_models(tmp_path, tiny_model_path):  # noqa: F811
+    devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cpu", "cpu"]
+    config = make_config(
+        tmp_path / "devices", tiny_model_path, finetune="full", agent_devices=devices,
+        max_steps=1, eval_interval=0, group_size=2,
+    )  # fmt: skip
+    trainer, result = run(config)
+    assert result.steps == 1
+    for backend, device in zip(trainer.policies.backends, devices, strict=True):
+        assert {p.device for p in backend.model.parameters()} == {torch.device(device)}
+    for agent, device in zip(trainer.agents, devices, strict=True):
+        state = trainer.optimizers[agent].state_dict()["state"]
+        assert state and all(
+            s["exp_avg"].device == torch.device(device) for s in state.values()
+        )  # optimizer states follow their agent
+
+
+def test_agent_devices_errors(tmp_path, tiny_model_path):  # noqa: F811
+    from magrpo.agents import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="one shared base"):  # LoRA: one base, one device
+        run(make_config(tmp_path / "a", tiny_model_path, agent_devices=["cpu", "meta"]))
+    with pytest.raises(ConfigError, match="one per agent"):
+        run(make_config(tmp_path / "b", tiny_model_path, agent_devices=["cpu"]))
+    with pytest.raises(ConfigError, match="not a torch device"):
+        run(make_config(tmp_path / "c", tiny_model_path, agent_devices=["cpu", "gpu7"]))
 
 
 def test_heterogeneous_models_with_lora_and_kl(tmp_path, tiny_model_path):  # noqa: F811
