@@ -372,17 +372,17 @@ class MAGRPOTrainer:
         zero_variance, groups = self.parallel.sum([zero_variance, groups])
         return samples, {"zero_variance_group_frac": zero_variance / max(groups, 1)}
 
-    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
-        by_model: dict[int, list[TrainSample]] = defaultdict(list)
-        for sample in samples:
-            by_model[self.policies.group_key(sample.agent)].append(sample)
-        batches = []
+    def _micro_batches(
+        self, samples: list[TrainSample]
+    ) -> list[tuple[list[str], list[list[TrainSample]]]]:
+        """Per model (every one, in a fixed order, even without samples): its agents and its
+        micro-batches. Samples of one (agent, prompt) group stay adjacent, so a micro-batch
+        runs each distinct prompt once (see Policies.logprobs)."""
         size = self.config.micro_batch_size
-        for key in sorted(by_model):
-            # samples of one (agent, prompt) group stay adjacent: a micro-batch runs each
-            # distinct prompt once (see Policies.logprobs)
+        models = []
+        for key, backend in enumerate(self.policies.backends):
             ordered = sorted(
-                by_model[key],
+                (s for s in samples if self.policies.group_key(s.agent) == key),
                 key=lambda s: (
                     len(s.completion.prompt_ids),
                     s.completion.prompt_ids,
@@ -390,8 +390,9 @@ class MAGRPOTrainer:
                     len(s.completion.completion_ids),
                 ),
             )
-            batches.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
-        return batches
+            batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+            models.append(([a for a in self.agents if a in backend.agents], batches))
+        return models
 
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
         """Policy-gradient update(s) of every agent from one rollout."""
@@ -418,56 +419,54 @@ class MAGRPOTrainer:
         use_kl = config.kl_coef > 0
         # Without a KL term a zero advantage contributes exactly zero gradient: skip it.
         active = samples if use_kl else [s for s in samples if s.advantage != 0.0]
-        batches = self._micro_batches(active)
+        models = self._micro_batches(active)
         metrics: dict[str, float] = defaultdict(float)
-        old_logprobs: dict[int, torch.Tensor] = {}
-        ref_logprobs: dict[int, torch.Tensor] = {}
+        old_logprobs: dict[tuple[int, int], torch.Tensor] = {}
+        ref_logprobs: dict[tuple[int, int], torch.Tensor] = {}
         kl_sum = kl_tokens = 0.0
         for epoch in range(config.num_update_epochs):
-            for b, batch in enumerate(batches):
-                current = self.policies.logprobs([s.completion for s in batch])
-                if epoch == 0:
-                    old_logprobs[b] = current.logprobs.detach()
-                    if use_kl:
-                        ref_logprobs[b] = self.policies.logprobs(
-                            [s.completion for s in batch], reference=True
-                        ).logprobs
-                advantages = torch.tensor(
-                    [s.advantage for s in batch], device=current.logprobs.device
-                )
-                token_loss, kl = policy_token_loss(
-                    current.logprobs,
-                    advantages,
-                    old_logprobs[b] if config.clip_epsilon is not None else None,
-                    config.clip_epsilon,
-                    ref_logprobs.get(b),
-                    config.kl_coef,
-                )
-                loss = torch.zeros((), device=token_loss.device)
-                for agent in sorted({s.agent for s in batch}):
-                    rows = torch.tensor([i for i, s in enumerate(batch) if s.agent == agent])
-                    agent_loss = self.loss_fn(
-                        token_loss[rows], current.mask[rows], normalizers[agent]
+            # model by model, each stepped as soon as its micro-batches are done: with separate
+            # models only one model's gradients are alive at a time
+            for m, (agents, batches) in enumerate(models):
+                for b, batch in enumerate(batches):
+                    key = (m, b)
+                    current = self.policies.logprobs([s.completion for s in batch])
+                    if epoch == 0:
+                        old_logprobs[key] = current.logprobs.detach()
+                        if use_kl:
+                            ref_logprobs[key] = self.policies.logprobs(
+                                [s.completion for s in batch], reference=True
+                            ).logprobs
+                    advantages = torch.tensor(
+                        [s.advantage for s in batch], device=current.logprobs.device
                     )
-                    loss = loss + agent_loss
+                    token_loss, kl = policy_token_loss(
+                        current.logprobs,
+                        advantages,
+                        old_logprobs[key] if config.clip_epsilon is not None else None,
+                        config.clip_epsilon,
+                        ref_logprobs.get(key),
+                        config.kl_coef,
+                    )
+                    loss = torch.zeros((), device=token_loss.device)
+                    for agent in sorted({s.agent for s in batch}):
+                        rows = torch.tensor([i for i, s in enumerate(batch) if s.agent == agent])
+                        agent_loss = self.loss_fn(
+                            token_loss[rows], current.mask[rows], normalizers[agent]
+                        )
+                        loss = loss + agent_loss
+                        if epoch == 0:
+                            metrics[f"loss/{agent}"] += float(agent_loss.detach())
+                    self.accelerator.backward(loss)
                     if epoch == 0:
-                        metrics[f"loss/{agent}"] += float(agent_loss.detach())
-                self.accelerator.backward(loss)
-                if epoch == 0:
-                    metrics["loss"] += float(loss.detach())
-                    if kl is not None:
-                        kl_sum += float((kl.detach() * current.mask).sum())
-                        kl_tokens += float(current.mask.sum())
-            for agent in self.agents:
-                params = list(self.policies.named_trainable_parameters(agent).values())
-                if not self.parallel.sum_gradients(params):
-                    continue
-                if config.max_grad_norm is not None:
-                    norm = self.accelerator.clip_grad_norm_(params, config.max_grad_norm)
-                    if epoch == 0:
-                        metrics[f"grad_norm/{agent}"] = float(norm)
-                self.optimizers[agent].step()
-                self.optimizers[agent].zero_grad(set_to_none=True)
+                        metrics["loss"] += float(loss.detach())
+                        if kl is not None:
+                            kl_sum += float((kl.detach() * current.mask).sum())
+                            kl_tokens += float(current.mask.sum())
+                for agent in agents:
+                    norm = self._optimizer_step(agent)
+                    if epoch == 0 and norm is not None:
+                        metrics[f"grad_norm/{agent}"] = norm
         if self.vllm is not None:
             self.vllm.sync()  # vLLM samples the next rollout with the updated adapters
         # per-process partial sums -> global values (grad norms are already global)
@@ -479,6 +478,18 @@ class MAGRPOTrainer:
             metrics["kl"] = kl_sum / kl_tokens
         metrics["trained_sequences"] = trained
         return dict(metrics)
+
+    def _optimizer_step(self, agent: str) -> float | None:
+        """Sum the agent's gradients over processes, clip, step; returns the norm (if clipped)."""
+        params = list(self.policies.named_trainable_parameters(agent).values())
+        if not self.parallel.sum_gradients(params):
+            return None
+        norm = None
+        if self.config.max_grad_norm is not None:
+            norm = float(self.accelerator.clip_grad_norm_(params, self.config.max_grad_norm))
+        self.optimizers[agent].step()
+        self.optimizers[agent].zero_grad(set_to_none=True)
+        return norm
 
     def train_step(self) -> dict[str, float]:
         started = time.perf_counter()
