@@ -254,6 +254,8 @@ class MAGRPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise bad(name, value, "a non-negative integer")
+        if self.eval_interval and not self.eval_size:
+            raise bad("eval_size", self.eval_size, "at least 1 when eval_interval > 0")
         if self.joint_mode not in JOINT_MODES:
             raise bad("joint_mode", self.joint_mode, f"one of {', '.join(JOINT_MODES)}")
         if self.finetune not in FINETUNE_MODES:

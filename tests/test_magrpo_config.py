@@ -56,6 +56,7 @@ def test_cli_flags_override_yaml(tmp_path):
         ({"generation_backend": "sglang"}, "hf, vllm"),
         ({"vllm_gpu_memory_utilization": 1.5}, "(0, 1)"),
         ({"agent_devices": []}, "one device per agent"),
+        ({"eval_size": 0}, "eval_interval > 0"),
     ],
 )
 def test_validation_errors_are_clear(changes, needle):
