@@ -181,21 +181,13 @@ def ours_flags(args, mode: str, steps: int, out_dir: str) -> list[str]:
 def ours_child(flags: list[str], equal_work: bool) -> int:
     """Run our trainer in this process, one JSON line per step (the CLI's trainer, its config).
 
-    ``equal_work``: our trainer skips samples whose advantage is exactly 0 (no gradient);
-    CoMLRL does the forward and backward of every completion anyway. With equal work, zero
-    advantages become 1e-30 so every completion is trained, as in CoMLRL (same cost).
+    ``equal_work``: train every completion, as CoMLRL does (see ``equal_work.py``).
     """
+    from equal_work import EqualWorkTrainer
+
     from magrpo.config import config_from_args
     from magrpo.train import make_env
     from magrpo.trainer import MAGRPOTrainer
-
-    class EqualWorkTrainer(MAGRPOTrainer):
-        def build_samples(self, rollout):
-            samples, metrics = super().build_samples(rollout)
-            for sample in samples:
-                if sample.advantage == 0.0:
-                    sample.advantage = 1e-30
-            return samples, metrics
 
     config = config_from_args(flags)
     started = time.perf_counter()

@@ -14,6 +14,8 @@ one prompt per step, CoopHumanEval train split, 2 torch threads), one knob chang
   has 1 + G + ... + G^(H-1) nodes (1, 5, 21), each node 2G completions; later turns have
   longer prompts (own previous answer + test feedback). Work: the number of completions.
 
+Every completion is trained (``equal_work.py``), so a step's work does not depend on the
+rewards drawn (as shipped, a group whose rewards are all equal skips its update).
 Each point runs in its own subprocess (fresh memory); the expected time is the smallest
 point's measured time times the growth of the work (completions), written beside the
 measured time, with the ratio measured/expected (< 1: batching makes it grow slower than the
@@ -82,9 +84,9 @@ def make_n_agent_env(data: str, split: str, num_agents: int, max_turns: int):
 
 def run_point(spec: dict) -> dict:
     import torch
+    from equal_work import EqualWorkTrainer
 
     from magrpo.config import MAGRPOConfig
-    from magrpo.trainer import MAGRPOTrainer
 
     torch.set_num_threads(spec["threads"])
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as out_dir:
@@ -100,7 +102,7 @@ def run_point(spec: dict) -> dict:
             seed=spec["seed"], output_dir=out_dir, progress_bar=False,
         )
         env = make_n_agent_env(spec["data"], spec["split"], spec["agents"], spec["turns"])
-        trainer = MAGRPOTrainer(config, env)
+        trainer = EqualWorkTrainer(config, env)  # every completion trained: constant work
         steps = []
         for k in range(spec["warmup"] + spec["steps"]):
             metrics = trainer.train_step()
