@@ -177,6 +177,7 @@ class MAGRPOTrainer:
 
             import_vllm()
         set_seed(config.seed)
+        self.model_paths: list[str] = []  # filled when the trainer loads the models itself
         self.policies = policies or self._load_policies(model_resolver)
         missing = [a for a in self.agents if a not in self.policies.backend_of]
         if missing:
@@ -285,15 +286,14 @@ class MAGRPOTrainer:
     def _start_vllm(self) -> Any:
         from magrpo.vllm_sampler import VLLMSampler
 
-        paths = getattr(self, "model_paths", None)
-        if not paths:
+        if not self.model_paths:
             raise ConfigError(
                 "--generation-backend vllm starts vLLM from the model's files, but the trainer "
                 "was given ready-made policies: let it load them (--model), or use the hf backend."
             )
         return VLLMSampler(
             self.policies,
-            paths[0],
+            self.model_paths[0],
             dtype=self.config.dtype,
             gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
             seed=self.config.seed,
