@@ -94,13 +94,13 @@ def build_tokenizer():
     return tokenizer
 
 
-def tiny_llama(tokenizer, seed: int = 0):
+def tiny_llama(tokenizer, seed: int = 0, **config_overrides):
     """A random LlamaForCausalLM (hidden 64, 2 layers) sized to ``tokenizer``'s vocabulary."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -113,13 +113,13 @@ def tiny_llama(tokenizer, seed: int = 0):
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=True,
     )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(LlamaConfig(**{**settings, **config_overrides}))
 
 
-def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
+def build_tiny_model(folder: str | Path, seed: int = 0, **config_overrides) -> Path:
     tokenizer = build_tokenizer()
     folder = Path(folder)
-    tiny_llama(tokenizer, seed).save_pretrained(folder)
+    tiny_llama(tokenizer, seed, **config_overrides).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -373,26 +373,13 @@ def test_large_lora_rank_picks_the_next_vllm_rank(tiny_model_path, fake_vllm):  
 # --- the real engine -------------------------------------------------------------------------
 def build_vllm_friendly_model(folder: Path) -> Path:
     """Like build_tiny_model, with head size 64 (vLLM's attention kernels need >= 32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return build_tiny_model(
+        folder,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
         num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.slow
