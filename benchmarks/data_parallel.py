@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,23 +27,11 @@ RESULTS = REPO / "benchmarks" / ".results"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "coophumaneval" / "coophumaneval.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run(processes: int, threads: int, args: argparse.Namespace) -> dict:
+    from magrpo.distributed import local_launcher
+
     output = Path(tempfile.mkdtemp(prefix=f"dp{processes}-"))
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += [
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={processes}",
-            f"--master-port={_free_port()}",
-        ]
+    launcher = local_launcher(processes)
     command = [
         *launcher,
         "-m",

@@ -17,6 +17,8 @@ With one process every operation is the identity, so the trainer has a single co
 
 from __future__ import annotations
 
+import socket
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -96,3 +98,21 @@ class DataParallel:
     @property
     def _device(self) -> torch.device:
         return self.accelerator.device
+
+
+def local_launcher(processes: int) -> list[str]:
+    """The command prefix that runs a Python module in ``processes`` local processes
+    (``torchrun`` on a free port; a plain interpreter for one process). Append ``-m module``."""
+    if processes == 1:
+        return [sys.executable]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={processes}",
+        f"--master-port={port}",
+    ]

@@ -10,36 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 
+from magrpo.distributed import local_launcher
+
 DATA = Path(__file__).parent / "data" / "tldr_sample.jsonl"
 LR = 0.05
 COMPARED = ("reward/mean", "reward/std", "loss", "trained_sequences", "eval/reward/mean")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _train(model: str, output: Path, processes: int, *extra: str) -> subprocess.CompletedProcess:
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += [
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={processes}",
-            f"--master-port={_free_port()}",
-        ]
+    launcher = local_launcher(processes)
     command = [
         *launcher,
         "-m",
