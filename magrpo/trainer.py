@@ -75,6 +75,13 @@ class TrainSample:
         return self.completion.agent
 
 
+@dataclass(frozen=True)
+class AgentTotals:
+    sequences: float
+    tokens: float
+    finished: float
+
+
 @dataclass
 class TrainResult:
     output_dir: Path
@@ -398,23 +405,14 @@ class MAGRPOTrainer:
         """Policy-gradient update(s) of every agent from one rollout."""
         config = self.config
         # global totals: the processes' losses then sum to the loss of the global batch
-        totals = self.parallel.sum(
-            [
-                total
-                for agent in self.agents
-                for total in (
-                    sum(1 for s in samples if s.agent == agent),
-                    sum(len(s.completion.completion_ids) for s in samples if s.agent == agent),
-                )
-            ]
-        )
+        totals = self._agent_totals(samples)
         normalizers = {
             agent: LossNormalizer(
-                num_sequences=int(totals[2 * i]),
-                num_tokens=int(totals[2 * i + 1]),
+                num_sequences=int(totals[agent].sequences),
+                num_tokens=int(totals[agent].tokens),
                 max_new_tokens=config.max_new_tokens,
             )
-            for i, agent in enumerate(self.agents)
+            for agent in self.agents
         }
         use_kl = config.kl_coef > 0
         # Without a KL term a zero advantage contributes exactly zero gradient: skip it.
@@ -511,22 +509,23 @@ class MAGRPOTrainer:
             "epoch": self.data_order.epoch
             + self.data_order.position / (self.data_order.num_items or 1),
         }
-        counts = self.parallel.sum(
-            [
-                total
-                for agent in self.agents
-                for total in (
-                    sum(1 for s in samples if s.agent == agent),
-                    sum(len(s.completion.completion_ids) for s in samples if s.agent == agent),
-                    sum(s.completion.finished for s in samples if s.agent == agent),
-                )
-            ]
-        )
-        for i, agent in enumerate(self.agents):
-            number, tokens, finished = counts[3 * i : 3 * i + 3]
-            metrics[f"completion_length/{agent}"] = tokens / max(number, 1)
-            metrics[f"completion_finished_frac/{agent}"] = finished / max(number, 1)
+        for agent, total in self._agent_totals(samples).items():
+            metrics[f"completion_length/{agent}"] = total.tokens / max(total.sequences, 1)
+            metrics[f"completion_finished_frac/{agent}"] = total.finished / max(total.sequences, 1)
         return metrics
+
+    def _agent_totals(self, samples: list[TrainSample]) -> dict[str, AgentTotals]:
+        """Per agent, over every process: completions, their tokens, how many ended with EOS."""
+        local = [
+            [
+                sum(1 for s in samples if s.agent == agent),
+                sum(len(s.completion.completion_ids) for s in samples if s.agent == agent),
+                sum(s.completion.finished for s in samples if s.agent == agent),
+            ]
+            for agent in self.agents
+        ]
+        summed = iter(self.parallel.sum([value for row in local for value in row]))
+        return {agent: AgentTotals(*(next(summed) for _ in range(3))) for agent in self.agents}
 
     def _gather_rollouts(self, rollout: RolloutResult) -> RolloutResult:
         """Every process's rollout as one record for metrics (texts and token ids left out).
