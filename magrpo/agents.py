@@ -104,6 +104,18 @@ class _Backend:
         return ids.to(self.device), mask.to(self.device), width
 
 
+def completion_from_ids(
+    agent: str, prompt_ids: list[int], ids: Sequence[int], eos_ids: Sequence[int], tokenizer
+) -> Completion:
+    """Generated ids as a Completion: cut after the first EOS (padding and anything a batch
+    kept generating dropped), ``finished`` when that EOS is there, text without specials."""
+    ids = [int(token) for token in ids]
+    kept = ids[: completion_length(ids, eos_ids)]
+    finished = bool(kept) and kept[-1] in eos_ids
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    return Completion(agent, text, list(prompt_ids), kept, finished)
+
+
 def _adapter_name(agent: str) -> str:
     return re.sub(r"\W", "_", agent) or "agent"
 
@@ -167,12 +179,14 @@ class Policies:
             outputs = self._generate(backend, agents, prompts, num_samples, params, sample_seeds)
             for k, completion_ids in enumerate(outputs):
                 row = k // num_samples
-                length = completion_length(completion_ids, backend.eos_ids)
-                kept = completion_ids[:length]
-                text = backend.tokenizer.decode(kept, skip_special_tokens=True)
-                finished = length > 0 and kept[-1] in backend.eos_ids
                 results[rows[row]].append(
-                    Completion(agents[row], text, prompts[row], kept, finished)
+                    completion_from_ids(
+                        agents[row],
+                        prompts[row],
+                        completion_ids,
+                        backend.eos_ids,
+                        backend.tokenizer,
+                    )
                 )
         return results
 
@@ -204,8 +218,8 @@ class Policies:
         The G samples of a prompt share its prefill: the prompt minus its last token is run
         once and its keys/values are copied G times into a pre-allocated (static) cache;
         ``generate`` then only decodes, writing each new token's keys/values in place. (The
-        default dynamic cache re-concatenates every layer's whole cache at every token: on
-        CPU that copying took half of the decoding time.)
+        default dynamic cache re-concatenates every layer's whole cache at every token;
+        measured on CPU, the static cache saves about 5% of the generation time.)
         """
         input_ids, attention_mask, width = backend.pad_batch(prompts)
         cache = StaticCache(

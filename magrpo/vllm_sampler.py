@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from magrpo.agents import completion_from_ids
 from magrpo.config import ConfigError
-from magrpo.losses import completion_length
 from magrpo.rollout import Completion
 
 if TYPE_CHECKING:
@@ -273,20 +273,14 @@ def completion_from_vllm(
     """
     ids = [int(token) for token in token_ids]
     eos = set(eos_ids)
-    length = completion_length(ids, eos_ids)
-    kept = ids[:length]
-    finished = length > 0 and kept[-1] in eos
-    if not finished and finish_reason == "stop":
+    if finish_reason == "stop" and not eos.intersection(ids):  # the stop token was dropped
         if isinstance(stop_reason, int) and stop_reason in eos:
-            kept.append(stop_reason)
-            finished = True
+            ids.append(stop_reason)
         elif stop_reason is None:  # stopped on the model's own EOS token
             fallback = primary_eos if primary_eos in eos else min(eos_ids, default=None)
             if fallback is not None:
-                kept.append(fallback)
-                finished = True
-    text = tokenizer.decode(kept, skip_special_tokens=True)
-    return Completion(agent, text, list(prompt_ids), kept, finished)
+                ids.append(fallback)
+    return completion_from_ids(agent, prompt_ids, ids, eos_ids, tokenizer)
 
 
 def _sampling_settings(params: SamplingParams, n: int, eos_ids: Sequence[int]) -> dict[str, Any]:
