@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="Weights dtype of every agent model (bfloat16: the Hub checkpoint's).")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pad-token", default="<|endoftext|>",
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
 
     def load_agent():
         model = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=torch.float32, attn_implementation="sdpa"
+            args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
         )
         if args.finetune == "lora":
             from peft import LoraConfig, get_peft_model
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
     for model in trainer.agents:
         model.train()
     emit(event="loaded", seconds=time.perf_counter() - started, agents=agents,
-         finetune=args.finetune, threads=torch.get_num_threads(),
+         finetune=args.finetune, dtype=args.dtype, threads=torch.get_num_threads(),
          trainable=[sum(p.numel() for p in m.parameters() if p.requires_grad)
                     for m in trainer.agents])
 

@@ -164,7 +164,7 @@ def ours_flags(args, mode: str, steps: int, out_dir: str) -> list[str]:
     """``python -m magrpo.train`` flags with CoMLRL's settings (see comlrl_runner.py)."""
     return [
         "--env", args.env, "--data", str(args.data), "--train-split", args.split,
-        "--model", args.model, "--finetune", mode,
+        "--model", args.model, "--finetune", mode, "--dtype", args.dtype,
         "--lora-rank", str(args.lora_rank), "--lora-alpha", str(args.lora_alpha),
         "--lora-target-modules", *args.lora_target_modules,
         "--no-use-chat-template",
@@ -241,7 +241,7 @@ def run_theirs(args, python: Path, mode: str, indices: list[int], log: Path) -> 
     cmd = [
         str(python), str(RUNNER), "--repo", str(REPO), "--model", args.model,
         "--data", str(args.data), "--env", args.env, "--split", args.split,
-        "--indices", ",".join(map(str, indices)), "--finetune", mode,
+        "--indices", ",".join(map(str, indices)), "--finetune", mode, "--dtype", args.dtype,
         "--lora-rank", str(args.lora_rank), "--lora-alpha", str(args.lora_alpha),
         "--lora-target-modules", *args.lora_target_modules,
         "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
@@ -331,6 +331,9 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--lora-target-modules", nargs="+", default=["q_proj", "v_proj"])
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="Weights dtype for both trainers (bfloat16: the Hub checkpoint's own, "
+                        "which CoMLRL loads by default with dtype='auto').")
     p.add_argument("--threads", type=int, default=2, help="torch threads for both trainers.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ours-extra", nargs=argparse.REMAINDER, default=[],
@@ -366,11 +369,13 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     results: dict[str, dict] = {}
     for mode in args.modes:
+        label = mode if args.dtype == "float32" else f"{mode} {args.dtype}"
+        tag = label.replace(" ", "-")
         runs: dict[str, list[dict]] = {"ours": [], "comlrl": []}
         for rep in range(args.runs):
             order = ("ours", "comlrl") if rep % 2 == 0 else ("comlrl", "ours")
             for name in order:
-                log = RESULTS / f"{mode}-{name}-{rep}.log"
+                log = RESULTS / f"{tag}-{name}-{rep}.log"
                 load = wait_for_quiet(args.max_load)
                 if name == "ours":
                     run = run_ours(args, mode, total, log)
@@ -379,19 +384,19 @@ def main(argv=None) -> int:
                 run["load_1min_before"] = load
                 runs[name].append(run)
                 med = statistics.median(s["seconds"] for s in run["steps"][args.warmup:])
-                print(f"[{mode}] run {rep} {name}: median {med:.2f} s/step, peak "
+                print(f"[{label}] run {rep} {name}: median {med:.2f} s/step, peak "
                       f"{run['peak_rss_mb'] / 1024:.2f} GB (load {load:.2f})", flush=True)
-        results[mode] = {name: summarise(r, args.warmup) for name, r in runs.items()}
-        results[mode]["raw"] = runs
+        results[label] = {name: summarise(r, args.warmup) for name, r in runs.items()}
+        results[label]["raw"] = runs
         payload = {
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "indices": indices,
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "cpu_count": os.cpu_count(),
-            "result": results[mode],
+            "result": results[label],
         }
-        (RESULTS / f"compare-{mode}.json").write_text(json.dumps(payload, indent=2))
+        (RESULTS / f"compare-{tag}.json").write_text(json.dumps(payload, indent=2))
     table = markdown({m: r for m, r in results.items()})
     meta = (
         f"_{args.runs} alternating runs per trainer, {args.warmup} warm-up + {args.steps} "

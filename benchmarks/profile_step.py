@@ -38,14 +38,15 @@ PHASES = ("generate", "reward", "log-probs", "backward", "optimizer", "overhead"
 def build_trainer(args, output_dir: str):
     import torch
 
+    from equal_work import EqualWorkTrainer
+
     from magrpo.config import MAGRPOConfig
     from magrpo.train import make_env
-    from magrpo.trainer import MAGRPOTrainer
 
     torch.set_num_threads(args.threads)
     config = MAGRPOConfig(
         env=args.env, data=str(args.data), train_split=args.split, model=args.model,
-        finetune=args.finetune, lora_rank=8, lora_alpha=16.0,
+        finetune=args.finetune, dtype=args.dtype, lora_rank=8, lora_alpha=16.0,
         lora_target_modules=["q_proj", "v_proj"], use_chat_template=False,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=0.8,
         top_p=0.95, top_k=0, learning_rate=1e-4, max_grad_norm=None,
@@ -55,7 +56,7 @@ def build_trainer(args, output_dir: str):
         log_backends=["jsonl"], torch_threads=args.threads, seed=args.seed,
         output_dir=output_dir, progress_bar=False,
     )
-    return MAGRPOTrainer(config, make_env(config, args.split))
+    return EqualWorkTrainer(config, make_env(config, args.split))
 
 
 class PhaseTimer:
@@ -192,6 +193,7 @@ def parse_args(argv=None):
     p.add_argument("--env", default="coophumaneval-v0")
     p.add_argument("--split", default="train")
     p.add_argument("--finetune", choices=("lora", "full"), default="lora")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-turns", type=int, default=1)

@@ -25,11 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessorList, StaticCache
+from transformers import StaticCache
 
-from magrpo.losses import completion_length, completion_mask, token_logprobs
+from magrpo.lora_routing import AdapterRouter
+from magrpo.losses import (
+    completion_length,
+    completion_mask,
+    linear_token_logprobs,
+    token_logprobs,
+)
 from magrpo.rollout import Completion, derive_seed
-from magrpo.sampling import SamplingProcessor, row_generators
+from magrpo.sampling import row_generators, sample_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +72,12 @@ class _Backend:
         self.mode = mode  # "shared_lora" | "lora" | "full"
         self.reference = reference  # frozen copy, only for full fine-tuning with a KL term
         self.adapter = {agent: _adapter_name(agent) for agent in agents}
+        self._head_splits: dict[int, tuple[torch.nn.Module, torch.nn.Linear] | None] = {}
+        self.router = (
+            AdapterRouter(model, [self.adapter[a] for a in agents])
+            if mode == "shared_lora"
+            else None
+        )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.pad_id = int(tokenizer.pad_token_id)
@@ -87,11 +99,21 @@ class _Backend:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def adapter_kwargs(self, agents: Sequence[str], reference: bool = False) -> dict:
-        if self.mode != "shared_lora":
-            return {}
-        names = ["__base__" if reference else self.adapter[a] for a in agents]
-        return {"adapter_names": names}
+    def head_split(self, model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+        """(decoder, output layer) of ``model`` when its logits are exactly
+        ``lm_head(decoder(...))``, else None (checked once per model by a probe: models
+        that scale or soft-cap their logits keep the plain forward)."""
+        key = id(model)
+        if key not in self._head_splits:
+            self._head_splits[key] = _head_split(model, self.device)
+        return self._head_splits[key]
+
+    def routed(self, agents: Sequence[str], reference: bool = False):
+        """Within the block, row i of a shared-base batch runs agent i's adapter (or none)."""
+        if self.router is None:
+            return contextlib.nullcontext()
+        names = [None if reference else self.adapter[a] for a in agents]
+        return self.router.route(names, self.device)
 
     def pad_batch(self, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Left-pad prompts; returns ids, attention mask and the padded width."""
@@ -190,19 +212,6 @@ class Policies:
                 )
         return results
 
-    def _prefill(
-        self, model, backend: _Backend, agents, input_ids, attention_mask, reference=False
-    ):
-        """Run left-padded prompts once, keeping their KV cache and last-position logits."""
-        return model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=_position_ids(attention_mask),
-            use_cache=True,
-            logits_to_keep=1,
-            **backend.adapter_kwargs(agents, reference=reference),
-        )
-
     @torch.inference_mode()
     def _generate(
         self,
@@ -216,51 +225,72 @@ class Policies:
         """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
 
         The G samples of a prompt share its prefill: the prompt minus its last token is run
-        once and its keys/values are copied G times into a pre-allocated (static) cache;
-        ``generate`` then only decodes, writing each new token's keys/values in place. (The
-        default dynamic cache re-concatenates every layer's whole cache at every token;
-        measured on CPU, the static cache saves about 5% of the generation time.)
+        once and its keys/values are copied G times into a pre-allocated (static) cache,
+        where each new token's keys/values are then written in place (the dynamic cache
+        re-concatenates every layer's cache at every token). Decoding is our own loop rather
+        than ``generate``: a forward, our sampler, and the EOS bookkeeping per token, without
+        generate's per-step processors, stopping criteria and input preparation.
         """
         input_ids, attention_mask, width = backend.pad_batch(prompts)
+        rows = len(prompts) * num_samples
+        row_agents = [a for a in agents for _ in range(num_samples)]
         cache = StaticCache(
             config=backend.model.config, max_cache_len=width + params.max_new_tokens
         )
+        cache_kwargs = {backend.cache_kwarg: cache, "use_cache": True}
+        mask = torch.ones(rows, width + params.max_new_tokens, dtype=torch.long)
+        mask = mask.to(input_ids.device)
+        mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
+        positions = _position_ids(mask[:, :width])
+        step_ids = input_ids.repeat_interleave(num_samples, dim=0)
+        split = backend.head_split(backend.model)
+        network = backend.model if split is None else split[0]
         if width > 1 and num_samples > 1:
-            output = self._prefill(
-                backend.model, backend, agents, input_ids[:, :-1], attention_mask[:, :-1]
-            )
+            with backend.routed(agents):
+                output = network(
+                    input_ids=input_ids[:, :-1],
+                    attention_mask=attention_mask[:, :-1],
+                    position_ids=_position_ids(attention_mask[:, :-1]),
+                    use_cache=True,
+                )
             for static, prefilled in zip(cache.layers, _output_cache(output).layers, strict=True):
                 static.update(
                     prefilled.keys.repeat_interleave(num_samples, dim=0),
                     prefilled.values.repeat_interleave(num_samples, dim=0),
                 )
             del output
-        cache_kwargs = {backend.cache_kwarg: cache}
-        # Sampling: our processor draws the token (exact top-k/top-p without a full-vocab
-        # sort) and generate's greedy argmax picks it; temperature 0 is plain greedy.
-        processors = []
-        if params.temperature > 0:
-            generators = (
-                None if sample_seeds is None else row_generators(sample_seeds, backend.device)
-            )
-            processors.append(
-                SamplingProcessor(params.temperature, params.top_p, params.top_k, generators)
-            )
-        output = backend.model.generate(
-            input_ids=input_ids.repeat_interleave(num_samples, dim=0),
-            attention_mask=attention_mask.repeat_interleave(num_samples, dim=0),
-            max_new_tokens=params.max_new_tokens,
-            pad_token_id=backend.pad_id,
-            eos_token_id=backend.eos_ids,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            logits_processor=LogitsProcessorList(processors),
-            **cache_kwargs,
-            **backend.adapter_kwargs([a for a in agents for _ in range(num_samples)]),
-        )
-        return output[:, width:].tolist()
+            step_ids, positions = step_ids[:, -1:], positions[:, -1:]
+        generators = None
+        if params.temperature > 0 and sample_seeds is not None:
+            generators = row_generators(sample_seeds, backend.device)
+        eos = torch.tensor(backend.eos_ids, device=input_ids.device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+        tokens = []
+        with backend.routed(row_agents):
+            for step in range(params.max_new_tokens):
+                output = network(
+                    input_ids=step_ids,
+                    attention_mask=mask[:, : width + step],
+                    position_ids=positions,
+                    **cache_kwargs,
+                )
+                if split is None:
+                    logits = output.logits[:, -1]
+                else:
+                    logits = split[1](output.last_hidden_state[:, -1])
+                if params.temperature > 0:
+                    next_ids = sample_tokens(
+                        logits, params.temperature, params.top_p, params.top_k, generators
+                    )[:, 0]
+                else:
+                    next_ids = logits.argmax(-1)
+                next_ids = torch.where(finished, backend.pad_id, next_ids)
+                tokens.append(next_ids)
+                finished |= torch.isin(next_ids, eos)
+                if bool(finished.all()):
+                    break
+                step_ids, positions = next_ids[:, None], positions[:, -1:] + 1
+        return torch.stack(tokens, dim=1).tolist()
 
     # --- log-probs -----------------------------------------------------------------------
     def logprobs(self, completions: Sequence[Completion], reference: bool = False) -> LogprobBatch:
@@ -268,7 +298,9 @@ class Policies:
 
         Each distinct (agent, prompt) is run once; its KV cache (with gradients) is then
         indexed to the rows of its completions, which are run in one pass on top of it. The
-        G samples of a group thus cost one prompt, not G. ``reference=True``: the reference
+        G samples of a group thus cost one prompt, not G. The output layer runs only on the
+        completions' real tokens, in chunks (``linear_token_logprobs``), when the model's
+        logits are plain ``lm_head(decoder(...))``. ``reference=True``: the reference
         policy (LoRA: the base, adapters off), without gradients.
         """
         backend = self.backend_of[completions[0].agent]
@@ -289,24 +321,41 @@ class Policies:
         mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
+            split = backend.head_split(model)
+            network = model if split is None else split[0]
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
-            prompt_out = self._prefill(
-                model, backend, [a for a, _ in unique], prompt_ids, prompt_mask, reference
-            )
+            with backend.routed([a for a, _ in unique], reference):
+                prompt_out = network(
+                    input_ids=prompt_ids,
+                    attention_mask=prompt_mask,
+                    position_ids=_position_ids(prompt_mask),
+                    use_cache=True,
+                    **({"logits_to_keep": 1} if split is None else {}),
+                )
             cache = _output_cache(prompt_out)
             cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
             prompt_mask = prompt_mask[rows]
-            output = model(
-                input_ids=targets,
-                attention_mask=torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
-                position_ids=prompt_mask.sum(-1, keepdim=True)
-                + torch.arange(width, device=device)[None, :],
-                use_cache=True,
-                **{backend.cache_kwarg: cache},
-                **backend.adapter_kwargs(agents, reference=reference),
+            with backend.routed(agents, reference):
+                output = network(
+                    input_ids=targets,
+                    attention_mask=torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
+                    position_ids=prompt_mask.sum(-1, keepdim=True)
+                    + torch.arange(width, device=device)[None, :],
+                    use_cache=True,
+                    **{backend.cache_kwarg: cache},
+                )
+            if split is None:
+                logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
+                return LogprobBatch(token_logprobs(logits, targets), mask)
+            hidden = torch.cat(
+                [prompt_out.last_hidden_state[rows, -1:], output.last_hidden_state[:, :-1]], dim=1
             )
-        logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
-        return LogprobBatch(token_logprobs(logits, targets), mask)
+            real = mask.bool()
+            logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+            logprobs = logprobs.masked_scatter(
+                real, linear_token_logprobs(hidden[real], split[1].weight, targets[real])
+            )
+        return LogprobBatch(logprobs, mask)
 
     @contextlib.contextmanager
     def _reference_context(self, backend: _Backend, reference: bool) -> Iterator[torch.nn.Module]:
@@ -349,6 +398,22 @@ class Policies:
             target = directory / backend.adapter[agent]
         backend.tokenizer.save_pretrained(target)
         return target
+
+
+def _head_split(model, device) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_decoder = getattr(base, "get_decoder", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if get_decoder is None or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    decoder = get_decoder()
+    if not isinstance(decoder, torch.nn.Module) or decoder is base:
+        return None
+    probe = (torch.arange(1, 6, device=device) % head.out_features)[None, :]
+    with torch.no_grad():
+        expected = model(input_ids=probe).logits.float()
+        split = head(decoder(input_ids=probe).last_hidden_state).float()
+    return (decoder, head) if torch.allclose(split, expected, rtol=1e-4, atol=1e-4) else None
 
 
 def _load_model(path: str, dtype: torch.dtype, device: torch.device):

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import torch
 from transformers import LogitsProcessor
 
+from magrpo.numerics import logsumexp, shifted_exp
+
 CANDIDATES = 1024
 
 Generators = Sequence[torch.Generator] | None
@@ -56,7 +58,7 @@ def _gumbel_pick(
 
 def _nucleus(values: torch.Tensor, log_normaliser: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep-mask over candidates sorted by decreasing score."""
-    probs = torch.exp(values - log_normaliser)
+    probs = shifted_exp(values, log_normaliser)
     cumulative = probs.cumsum(-1)
     return (cumulative - probs) < top_p
 
@@ -82,16 +84,16 @@ def sample_tokens(
         )
     values, indices = scores.topk(min(CANDIDATES, limit), dim=-1)
     if limit < vocab:  # top-k: the nucleus is taken within the k best (renormalised)
-        log_normaliser = torch.logsumexp(scores.topk(limit, dim=-1).values, -1, keepdim=True)
+        log_normaliser = logsumexp(scores.topk(limit, dim=-1).values)
     else:
-        log_normaliser = torch.logsumexp(scores, -1, keepdim=True)
+        log_normaliser = logsumexp(scores)
     keep = (
         _nucleus(values, log_normaliser, top_p)
         if top_p < 1.0
         else torch.ones_like(values, dtype=torch.bool)
     )
     tokens = _gumbel_pick(values, indices, keep, generators)
-    covered = values.shape[-1] == limit or (torch.exp(values - log_normaliser).sum(-1) >= top_p)
+    covered = values.shape[-1] == limit or (shifted_exp(values, log_normaliser).sum(-1) >= top_p)
     if not isinstance(covered, bool) and not bool(covered.all()):
         rows = (~covered).nonzero().squeeze(-1)
         full_values, full_indices = scores[rows].sort(dim=-1, descending=True)

@@ -64,6 +64,70 @@ def test_shared_prefill_generation_equals_plain_generate(policies):
         assert [c.completion_ids for c in group] == [expected] * 3
 
 
+def test_decoding_equals_transformers_generate_with_peft_adapter(policies):
+    """Our decode loop (routed adapters, static cache, shared prefill) against the reference:
+    ``generate`` on peft's own active adapter, one agent and one prompt at a time."""
+    backend = policies.backends[0]
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths
+    ours = policies.sample(requests, 2, greedy)
+    for (agent, text), group in zip(requests, ours, strict=True):
+        backend.model.set_adapter(backend.adapter[agent])
+        prompt = torch.tensor([policies.encode_prompt(agent, text)])
+        with torch.no_grad():
+            output = backend.model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=backend.pad_id,
+                eos_token_id=backend.eos_ids,
+            )
+        expected = output[0, prompt.shape[1] :].tolist()
+        expected = expected[: len(group[0].completion_ids)]
+        assert [c.completion_ids for c in group] == [expected] * 2
+
+
+def test_logprobs_equal_a_plain_forward_with_peft_adapter(policies):
+    """Shared prompt cache, routed adapters and the chunked output layer against a plain
+    forward of prompt + completion through peft's active adapter and a log-softmax."""
+    backend = policies.backends[0]
+    eos = backend.tokenizer.eos_token_id
+    prompts = [policies.encode_prompt("alice", "say"), policies.encode_prompt("bob", "a task")]
+    completions = [
+        Completion("alice", "", prompts[0], [10, 11, 12, eos], True),
+        Completion("bob", "", prompts[1], [13, 14], False),
+        Completion("bob", "", prompts[1], [15, 16, 17, 18, 19], False),
+    ]
+    batch = policies.logprobs(completions)
+    for row, completion in enumerate(completions):
+        backend.model.set_adapter(backend.adapter[completion.agent])
+        ids = torch.tensor([completion.prompt_ids + completion.completion_ids])
+        with torch.no_grad():
+            logits = backend.model(input_ids=ids).logits[0, len(completion.prompt_ids) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1)
+        expected = expected.gather(-1, torch.tensor(completion.completion_ids)[:, None])[:, 0]
+        length = len(completion.completion_ids)
+        assert torch.allclose(batch.logprobs[row, :length], expected, atol=1e-5)
+        assert not batch.logprobs[row, length:].any()
+
+
+def test_chunked_output_layer_gradients_match_full_logits(monkeypatch):
+    import magrpo.losses as losses
+
+    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # 3 rows per chunk
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    assert torch.autograd.gradcheck(
+        lambda h, w: losses.linear_token_logprobs(h, w, targets), (hidden, weight)
+    )
+    chunked = losses.linear_token_logprobs(hidden, weight, targets)
+    full = losses.token_logprobs(hidden @ weight.T, targets)
+    assert torch.allclose(chunked, full, atol=1e-6)
+
+
 def test_chat_template_and_eos(policies):
     tokenizer = policies.backends[0].tokenizer
     prompt = policies.encode_prompt("alice", "say words")
