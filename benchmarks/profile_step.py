@@ -37,7 +37,6 @@ PHASES = ("generate", "reward", "log-probs", "backward", "optimizer", "overhead"
 
 def build_trainer(args, output_dir: str):
     import torch
-
     from equal_work import EqualWorkTrainer
 
     from magrpo.config import MAGRPOConfig

@@ -8,7 +8,9 @@ Here the adapters' A and B matrices are stacked once per pass and a row's adapte
 over the stacked rank dimension (zero outside its own block, the adapter's scaling inside):
 per layer two small matmuls, a multiply and an add, for any mix of rows. It is exact (the
 other blocks contribute exact zeros), differentiable, and uses peft's own parameters, so
-saving, loading and the optimizer are unchanged.
+saving, loading and the optimizer are unchanged. With a bfloat16 base the adapters run in
+bfloat16 like the base (peft would upcast the activations to the adapters' float32): no
+float32 copy of every adapted layer's input is kept for the backward pass.
 """
 
 from __future__ import annotations
@@ -89,17 +91,19 @@ class AdapterRouter:
         if self._row_scales is None:
             return peft_forward(x, *args, **kwargs)
         result = layer.base_layer(x, *args, **kwargs)
-        lora_a, lora_b = self._stack(layer)
-        scales = self._row_scales.view(len(x), *[1] * (x.dim() - 2), -1)
-        hidden = F.linear(x.to(lora_a.dtype), lora_a) * scales
-        return result + F.linear(hidden, lora_b).to(result.dtype)
+        lora_a, lora_b = self._stack(layer, x.dtype)
+        scales = self._row_scales.to(x.dtype).view(len(x), *[1] * (x.dim() - 2), -1)
+        return result + F.linear(F.linear(x, lora_a) * scales, lora_b).to(result.dtype)
 
-    def _stack(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stack(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The adapters' A and B stacked, in the activations' dtype (as autocast would run
+        them; the float32 parameters stay the optimizer's copy and get float32 gradients).
+        """
         stacked = self._stacked.get(id(layer))
         if stacked is None:
             stacked = (
-                torch.cat([layer.lora_A[name].weight for name in self.names], dim=0),
-                torch.cat([layer.lora_B[name].weight for name in self.names], dim=1),
+                torch.cat([layer.lora_A[name].weight for name in self.names], dim=0).to(dtype),
+                torch.cat([layer.lora_B[name].weight for name in self.names], dim=1).to(dtype),
             )
             self._stacked[id(layer)] = stacked
         return stacked

@@ -19,7 +19,8 @@ def reference_probs(logits, temperature, top_p, top_k):
 @pytest.mark.parametrize(
     ("scale", "temperature", "top_p", "top_k"),
     [
-        (4.0, 0.8, 0.9, 0),  # peaked: nucleus within the top-1024 candidates
+        (4.0, 0.8, 0.9, 0),  # peaked: nucleus within the top-64 candidates
+        (1.0, 1.0, 0.6, 0),  # nucleus of a few hundred tokens: within the top 1024
         (0.1, 1.0, 0.9, 0),  # flat over 2000 tokens: falls back to a full sort
         (2.0, 0.7, 0.95, 40),
         (2.0, 1.0, 1.0, 0),  # plain softmax sampling
@@ -45,3 +46,18 @@ def test_processor_leaves_one_finite_score_per_row():
     torch.manual_seed(0)
     scores = SamplingProcessor(0.8, 0.9)(None, torch.randn(5, 100))
     assert (torch.isfinite(scores).sum(-1) == 1).all()
+
+
+def test_seeded_rows_at_different_candidate_widths():
+    """A batch whose rows settle at different widths (64, 1024, full sort), seeded per row:
+    each row's token is the one it draws alone."""
+    from magrpo.sampling import row_generators
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 2000) * torch.tensor([[4.0], [1.0], [0.1]])
+    together = sample_tokens(logits, 1.0, 0.6, 0, row_generators([1, 2, 3], "cpu"))
+    alone = [
+        sample_tokens(logits[i : i + 1], 1.0, 0.6, 0, row_generators([i + 1], "cpu"))
+        for i in range(3)
+    ]
+    assert together[:, 0].tolist() == [int(t) for t in alone]
