@@ -4,10 +4,11 @@
     .venv/bin/python benchmarks/profile_step.py --finetune full --steps 3 --torch-profile update
 
 Builds the trainer in-process with the settings of ``compare_comlrl.py`` (SmolLM2-135M,
-2 agents, G=4, 64 new tokens, raw prompts, one prompt per step), runs ``--warmup`` steps, then
+2 agents, G=4, 64 new tokens, raw prompts, one prompt per step, every completion trained as
+in ``equal_work.py``; ``--dtype bfloat16`` for the bf16 runs), runs ``--warmup`` steps, then
 times ``--steps`` steps phase by phase by wrapping the trainer's own calls:
 
-- generate:  ``Policies.sample`` (tokenise, HF ``generate``, decode)
+- generate:  ``Policies.sample`` (tokenise, prefill, our decode loop, detokenise)
 - reward:    env steps of the joint actions (deep copy, reward, sandboxed tests), in threads
 - log-probs: ``Policies.logprobs`` (the forward pass with grad, per micro-batch)
 - backward:  ``accelerator.backward``
@@ -177,9 +178,8 @@ def plot(result: dict, path: Path, title: str) -> None:
         ax.barh([0], [seconds], left=left, color=colour, label=f"{name} {seconds:.2f}s")
         left += seconds
     ax.set_yticks([])
-    ax.set_xlabel("seconds (median step)")
-    ax.set_title(title)
-    ax.legend(ncol=3, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.55))
+    ax.set_title(f"{title}: seconds, median step")
+    ax.legend(ncol=3, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -238,8 +238,9 @@ class Policies:
             config=backend.model.config, max_cache_len=width + params.max_new_tokens
         )
         cache_kwargs = {backend.cache_kwarg: cache, "use_cache": True}
-        mask = torch.ones(rows, width + params.max_new_tokens, dtype=torch.long)
-        mask = mask.to(input_ids.device)
+        mask = torch.ones(
+            rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
+        )
         mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
         positions = _position_ids(mask[:, :width])
         step_ids = input_ids.repeat_interleave(num_samples, dim=0)
