@@ -237,15 +237,17 @@ class Policies:
         cache = StaticCache(
             config=backend.model.config, max_cache_len=width + params.max_new_tokens
         )
-        cache_kwargs = {backend.cache_kwarg: cache, "use_cache": True}
+        split = backend.head_split(backend.model)
+        network = backend.model if split is None else split[0]
+        step_kwargs = {backend.cache_kwarg: cache, "use_cache": True}
+        if split is None:
+            step_kwargs["logits_to_keep"] = 1
         mask = torch.ones(
             rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
         )
         mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
         positions = _position_ids(mask[:, :width])
         step_ids = input_ids.repeat_interleave(num_samples, dim=0)
-        split = backend.head_split(backend.model)
-        network = backend.model if split is None else split[0]
         if width > 1 and num_samples > 1:
             with backend.routed(agents):
                 output = network(
@@ -273,7 +275,7 @@ class Policies:
                     input_ids=step_ids,
                     attention_mask=mask[:, : width + step],
                     position_ids=positions,
-                    **cache_kwargs,
+                    **step_kwargs,
                 )
                 if split is None:
                     logits = output.logits[:, -1]
@@ -291,7 +293,7 @@ class Policies:
                 if bool(finished.all()):
                     break
                 step_ids, positions = next_ids[:, None], positions[:, -1:] + 1
-        return torch.stack(tokens, dim=1).tolist()
+        return torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]
 
     # --- log-probs -----------------------------------------------------------------------
     def logprobs(self, completions: Sequence[Completion], reference: bool = False) -> LogprobBatch:
