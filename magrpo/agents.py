@@ -72,7 +72,7 @@ class _Backend:
         self.mode = mode  # "shared_lora" | "lora" | "full"
         self.reference = reference  # frozen copy, only for full fine-tuning with a KL term
         self.adapter = {agent: _adapter_name(agent) for agent in agents}
-        self._head_splits: dict[int, tuple[torch.nn.Module, torch.nn.Linear] | None] = {}
+        self._splits: dict[int, tuple[torch.nn.Module, torch.nn.Linear | None]] = {}
         self.router = (
             AdapterRouter(model, [self.adapter[a] for a in agents])
             if mode == "shared_lora"
@@ -99,14 +99,14 @@ class _Backend:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def head_split(self, model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    def split(self, model) -> tuple[torch.nn.Module, torch.nn.Linear | None]:
         """(decoder, output layer) of ``model`` when its logits are exactly
-        ``lm_head(decoder(...))``, else None (checked once per model by a probe: models
-        that scale or soft-cap their logits keep the plain forward)."""
+        ``lm_head(decoder(...))``, else (model, None): checked once per model by a probe, so
+        models that scale or soft-cap their logits keep the plain forward."""
         key = id(model)
-        if key not in self._head_splits:
-            self._head_splits[key] = _head_split(model, self.device)
-        return self._head_splits[key]
+        if key not in self._splits:
+            self._splits[key] = _head_split(model, self.device) or (model, None)
+        return self._splits[key]
 
     def routed(self, agents: Sequence[str], reference: bool = False):
         """Within the block, row i of a shared-base batch runs agent i's adapter (or none)."""
@@ -237,11 +237,7 @@ class Policies:
         cache = StaticCache(
             config=backend.model.config, max_cache_len=width + params.max_new_tokens
         )
-        split = backend.head_split(backend.model)
-        network = backend.model if split is None else split[0]
-        step_kwargs = {backend.cache_kwarg: cache, "use_cache": True}
-        if split is None:
-            step_kwargs["logits_to_keep"] = 1
+        network, head = backend.split(backend.model)
         mask = torch.ones(
             rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
         )
@@ -250,11 +246,8 @@ class Policies:
         step_ids = input_ids.repeat_interleave(num_samples, dim=0)
         if width > 1 and num_samples > 1:
             with backend.routed(agents):
-                output = network(
-                    input_ids=input_ids[:, :-1],
-                    attention_mask=attention_mask[:, :-1],
-                    position_ids=_position_ids(attention_mask[:, :-1]),
-                    use_cache=True,
+                output = _last_position_pass(
+                    network, head, input_ids[:, :-1], attention_mask[:, :-1]
                 )
             for static, prefilled in zip(cache.layers, _output_cache(output).layers, strict=True):
                 static.update(
@@ -271,16 +264,18 @@ class Policies:
         tokens = []
         with backend.routed(row_agents):
             for step in range(params.max_new_tokens):
-                output = network(
-                    input_ids=step_ids,
-                    attention_mask=mask[:, : width + step],
-                    position_ids=positions,
-                    **step_kwargs,
+                output = _last_position_pass(
+                    network,
+                    head,
+                    step_ids,
+                    mask[:, : width + step],
+                    positions,
+                    **{backend.cache_kwarg: cache},
                 )
-                if split is None:
+                if head is None:
                     logits = output.logits[:, -1]
                 else:
-                    logits = split[1](output.last_hidden_state[:, -1])
+                    logits = head(output.last_hidden_state[:, -1])
                 if params.temperature > 0:
                     next_ids = sample_tokens(
                         logits, params.temperature, params.top_p, params.top_k, generators
@@ -324,17 +319,10 @@ class Policies:
         mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
-            split = backend.head_split(model)
-            network = model if split is None else split[0]
+            network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
             with backend.routed([a for a, _ in unique], reference):
-                prompt_out = network(
-                    input_ids=prompt_ids,
-                    attention_mask=prompt_mask,
-                    position_ids=_position_ids(prompt_mask),
-                    use_cache=True,
-                    **({"logits_to_keep": 1} if split is None else {}),
-                )
+                prompt_out = _last_position_pass(network, head, prompt_ids, prompt_mask)
             cache = _output_cache(prompt_out)
             cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
             prompt_mask = prompt_mask[rows]
@@ -347,7 +335,7 @@ class Policies:
                     use_cache=True,
                     **{backend.cache_kwarg: cache},
                 )
-            if split is None:
+            if head is None:
                 logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
                 return LogprobBatch(token_logprobs(logits, targets), mask)
             hidden = torch.cat(
@@ -356,7 +344,7 @@ class Policies:
             real = mask.bool()
             logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
             logprobs = logprobs.masked_scatter(
-                real, linear_token_logprobs(hidden[real], split[1].weight, targets[real])
+                real, linear_token_logprobs(hidden[real], head.weight, targets[real])
             )
         return LogprobBatch(logprobs, mask)
 
@@ -401,6 +389,20 @@ class Policies:
             target = directory / backend.adapter[agent]
         backend.tokenizer.save_pretrained(target)
         return target
+
+
+def _last_position_pass(network, head, input_ids, attention_mask, position_ids=None, **cache):
+    """A cached forward of which only the last position's output is used: left-padded
+    prompts, or one decode step. When the network is the whole model (``head`` None), only
+    that position's logits are computed."""
+    return network(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=_position_ids(attention_mask) if position_ids is None else position_ids,
+        use_cache=True,
+        **({"logits_to_keep": 1} if head is None else {}),
+        **cache,
+    )
 
 
 def _head_split(model, device) -> tuple[torch.nn.Module, torch.nn.Linear] | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from magrpo.numerics import shifted_exp_
+from magrpo.numerics import logsumexp, shifted_exp_
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         lse = torch.empty_like(out)
         for rows, logits in _chunk_logits(hidden, weight, ctx.chunk, ctx.dtype):
             out[rows] = logits.gather(-1, targets[rows, None])[:, 0]
-            peak = logits.amax(-1, keepdim=True)
-            lse[rows] = (peak + shifted_exp_(logits, peak).sum(-1, keepdim=True).log_())[:, 0]
+            lse[rows] = logsumexp(logits, overwrite=True)[:, 0]
         ctx.save_for_backward(hidden, weight, targets, lse)
         return out - lse
 

@@ -24,7 +24,11 @@ def shifted_exp(values: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return (values - shift).clamp_(min=EXP_FLOOR).exp_()
 
 
-def logsumexp(values: torch.Tensor) -> torch.Tensor:
-    """log sum exp over the last dimension (kept), the result of ``torch.logsumexp``."""
+def logsumexp(values: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
+    """log sum exp over the last dimension (kept), the result of ``torch.logsumexp``.
+
+    ``overwrite``: work in ``values`` itself (it is left holding exp(values - max)).
+    """
     peak = values.amax(-1, keepdim=True)
-    return peak + shifted_exp(values, peak).sum(-1, keepdim=True).log_()
+    exps = shifted_exp_(values, peak) if overwrite else shifted_exp(values, peak)
+    return peak + exps.sum(-1, keepdim=True).log_()

@@ -195,3 +195,18 @@ def test_saved_adapters_load_with_peft(policies, tiny_model_path, tmp_path):  # 
     }
     assert set(ours) == set(theirs)
     assert all(torch.equal(ours[n], theirs[n]) for n in ours)
+
+
+def test_models_without_a_separable_output_layer_use_the_plain_forward(policies):
+    """The fallback for models whose logits are not lm_head(decoder(x)) (forced here) gives
+    the same samples and log-probs as the split path."""
+    backend = policies.backends[0]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    requests = [("alice", "say words"), ("bob", "a task")]
+    completions = [group[0] for group in policies.sample(requests, 2, greedy)]
+    split = policies.logprobs(completions)
+    assert backend.split(backend.model)[1] is not None
+    backend._splits[id(backend.model)] = (backend.model, None)
+    assert [g[0] for g in policies.sample(requests, 2, greedy)] == completions
+    plain = policies.logprobs(completions)
+    assert torch.allclose(plain.logprobs * plain.mask, split.logprobs * split.mask, atol=1e-5)
