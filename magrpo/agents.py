@@ -34,6 +34,7 @@ from magrpo.losses import (
     linear_token_logprobs,
     token_logprobs,
 )
+from magrpo.onednn import onednn_linears
 from magrpo.rollout import Completion, derive_seed
 from magrpo.sampling import row_generators, sample_tokens
 
@@ -224,6 +225,23 @@ class Policies:
     ) -> list[list[int]]:
         """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
 
+        On CPU the linear layers multiply with oneDNN-packed copies of their weights while
+        it runs (``onednn``: about twice as fast at a decode step's few rows).
+        """
+        with onednn_linears(backend.model, pack_rows=len(prompts) * num_samples):
+            return self._decode(backend, agents, prompts, num_samples, params, sample_seeds)
+
+    def _decode(
+        self,
+        backend: _Backend,
+        agents: list[str],
+        prompts: list[list[int]],
+        num_samples: int,
+        params: SamplingParams,
+        sample_seeds: Sequence[int] | None,
+    ) -> list[list[int]]:
+        """The decode loop of :meth:`_generate`.
+
         The G samples of a prompt share its prefill: the prompt minus its last token is run
         once and its keys/values are copied G times into a pre-allocated (static) cache,
         where each new token's keys/values are then written in place (the dynamic cache
@@ -298,7 +316,8 @@ class Policies:
         indexed to the rows of its completions, which are run in one pass on top of it. The
         G samples of a group thus cost one prompt, not G. The output layer runs only on the
         completions' real tokens, in chunks (``linear_token_logprobs``), when the model's
-        logits are plain ``lm_head(decoder(...))``. ``reference=True``: the reference
+        logits are plain ``lm_head(decoder(...))``. On CPU the linear layers run through
+        oneDNN, forward and backward (``onednn``). ``reference=True``: the reference
         policy (LoRA: the base, adapters off), without gradients.
         """
         backend = self.backend_of[completions[0].agent]
@@ -318,7 +337,11 @@ class Policies:
         lengths = torch.tensor([len(c.completion_ids) for c in completions], device=device)
         mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
-        with grad, self._reference_context(backend, reference) as model:
+        with (
+            grad,
+            self._reference_context(backend, reference) as model,
+            onednn_linears(model),
+        ):
             network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
             with backend.routed([a for a, _ in unique], reference):

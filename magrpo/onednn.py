@@ -1,0 +1,117 @@
+"""The model's linear layers through oneDNN instead of the BLAS library, on CPU.
+
+torch sends a float32 ``F.linear`` on CPU to its BLAS library's generic GEMM (MKL in the
+x86 wheels) and only lower precisions to oneDNN. On the 2-core machines we measure on, oneDNN's
+inner product is faster at every shape a step uses (``benchmarks/linear_kernels.py``;
+docs/benchmarks.md): about 2x at a decode step's 8 rows when the weight is first reordered
+into oneDNN's blocked layout, and 1.2-1.6x at an update's few hundred rows, forward and
+backward, on the weight as it is. So:
+
+- :func:`onednn_linears` ``(model, pack_rows=...)``, for decoding (no gradients): each
+  weight is packed once per call of the block; the packed copies (one copy of the linear
+  weights) live only while it runs, and a training step's peak, reached in the update, is
+  unchanged.
+- :func:`onednn_linears` ``(model)``, for the training pass: plain weights, no copies, an
+  autograd function whose backward (input and weight gradients) is oneDNN's too.
+
+Results differ from ``F.linear`` by float rounding only (another summation order). Outside
+a block, and where oneDNN or the dtype is not supported (GPU, float64, other builds), the
+layers are torch's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def onednn_available(device: torch.device) -> bool:
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+@contextlib.contextmanager
+def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iterator[None]:
+    """Within the block, every ``nn.Linear`` of ``model`` runs through oneDNN.
+
+    ``pack_rows``: multiply with copies of the weights packed for about that many input
+    rows (inference only: no gradients, and a block must not span an optimizer step).
+    A no-op where oneDNN is unavailable.
+    """
+    parameter = next(model.parameters(), None)
+    if parameter is None or not onednn_available(parameter.device):
+        yield
+        return
+    packed: dict[int, torch.Tensor] = {}
+    patched = []
+    for module in model.modules():
+        if type(module) is not torch.nn.Linear or "forward" in vars(module):
+            continue
+        if module.weight.dtype not in DTYPES:
+            continue
+        if pack_rows is None:
+            module.forward = functools.partial(_linear, module)
+        else:
+            weight = module.weight
+            if id(weight) not in packed:  # tied weights are packed once
+                packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(
+                    weight.detach(), pack_rows
+                )
+            module.forward = functools.partial(_packed_linear, module, packed[id(weight)])
+        patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+        packed.clear()
+
+
+def _inner_product(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """x @ weight.T + bias by oneDNN (``weight`` packed or plain, any strides)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _packed_linear(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor):
+    if x.dtype != packed.dtype or torch.is_grad_enabled() and module.weight.requires_grad:
+        return F.linear(x, module.weight, module.bias)
+    return _inner_product(x, packed, module.bias)
+
+
+def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != module.weight.dtype:
+        return F.linear(x, module.weight, module.bias)
+    return _OneDNNLinear.apply(x, module.weight, module.bias)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """F.linear with oneDNN in the forward and in both gradients of the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _inner_product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _inner_product(grad_output, weight.t())
+        if ctx.needs_input_grad[1]:
+            rows_out = grad_output.reshape(-1, grad_output.shape[-1])
+            rows_in = x.reshape(-1, x.shape[-1])
+            grad_weight = _inner_product(rows_out.t(), rows_in.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
+        return grad_x, grad_weight, grad_bias
