@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from magrpo.numerics import logsumexp, shifted_exp_
+from magrpo.onednn import matmul_t
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             grad = shifted_exp_(logits, lse[rows, None]).mul_(-grad_out[rows, None])
             grad.scatter_add_(-1, targets[rows, None], grad_out[rows, None])
             if need_hidden:
-                grad_hidden[rows] = grad.to(hidden.dtype) @ weight
+                grad_hidden[rows] = matmul_t(grad.to(hidden.dtype), weight.t())
             if need_weight:
                 grad_weight.addmm_(grad.t(), hidden[rows].to(ctx.dtype))
         if need_weight:
@@ -152,17 +153,14 @@ class _LinearTokenLogprobs(torch.autograd.Function):
 
 
 def _chunk_logits(hidden, weight, chunk: int, dtype: torch.dtype):
-    """(row slice, logits of those rows in ``dtype``), the logits in one reused buffer."""
-    rows_max = min(chunk, len(hidden))
-    low = torch.empty(rows_max, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-    high = low if dtype == hidden.dtype else torch.empty_like(low, dtype=dtype)
+    """(row slice, logits of those rows in ``dtype``), upcast in one reused buffer."""
+    high = None
+    if dtype != hidden.dtype:
+        high = torch.empty(min(chunk, len(hidden)), weight.shape[0], dtype=dtype, device=hidden.device)
     for start in range(0, len(hidden), chunk):
         rows = slice(start, min(start + chunk, len(hidden)))
-        count = rows.stop - rows.start
-        torch.mm(hidden[rows], weight.t(), out=low[:count])
-        if high is not low:
-            high[:count].copy_(low[:count])
-        yield rows, high[:count]
+        logits = matmul_t(hidden[rows], weight)
+        yield rows, logits if high is None else high[: len(logits)].copy_(logits)
 
 
 def linear_token_logprobs(

@@ -76,6 +76,13 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
         packed.clear()
 
 
+def matmul_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` (no autograd), by oneDNN where it can run it."""
+    if x.dtype == weight.dtype in DTYPES and onednn_available(x.device):
+        return _inner_product(x, weight)
+    return x @ weight.t()
+
+
 def _inner_product(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """x @ weight.T + bias by oneDNN (``weight`` packed or plain, any strides)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -98,13 +105,16 @@ class _OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
+        # What each gradient needs, and only that: a frozen weight keeps no input alive.
+        ctx.save_for_backward(
+            weight if x.requires_grad else None, x if weight.requires_grad else None
+        )
         ctx.has_bias = bias is not None
         return _inner_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
-        x, weight = ctx.saved_tensors
+        weight, x = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = _inner_product(grad_output, weight.t())
