@@ -49,24 +49,32 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def measure(dtype: torch.dtype, repeats: int) -> list[str]:
+def measure_shape(dtype: torch.dtype, rows: int, fan_in: int, fan_out: int, repeats: int):
+    """Milliseconds: (torch, oneDNN, oneDNN packed) forward, (torch, oneDNN) input gradient."""
     inner = torch.ops.mkldnn._linear_pointwise
+    x = torch.randn(rows, fan_in, dtype=dtype)
+    weight = torch.randn(fan_out, fan_in, dtype=dtype)
+    grad = torch.randn(rows, fan_out, dtype=dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    return (
+        median_ms(lambda: F.linear(x, weight), repeats),
+        median_ms(lambda: inner(x, weight, None, "none", [], ""), repeats),
+        median_ms(lambda: inner(x, packed, None, "none", [], ""), repeats),
+        median_ms(lambda: grad @ weight, repeats),
+        median_ms(lambda: inner(grad, weight.t(), None, "none", [], ""), repeats),
+    )
+
+
+def measure(dtype: torch.dtype, repeats: int) -> list[str]:
     lines = []
     for rows, fan_in, fan_out in SHAPES:
-        x = torch.randn(rows, fan_in, dtype=dtype)
-        weight = torch.randn(fan_out, fan_in, dtype=dtype)
-        grad = torch.randn(rows, fan_out, dtype=dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-        forward = median_ms(lambda: F.linear(x, weight), repeats)
-        onednn = median_ms(lambda: inner(x, weight, None, "none", [], ""), repeats)
-        onednn_packed = median_ms(lambda: inner(x, packed, None, "none", [], ""), repeats)
-        backward = median_ms(lambda: grad @ weight, repeats)
-        onednn_backward = median_ms(lambda: inner(grad, weight.t(), None, "none", [], ""), repeats)
+        forward, onednn, packed, backward, onednn_backward = measure_shape(
+            dtype, rows, fan_in, fan_out, repeats
+        )
         lines.append(
             f"| {str(dtype).removeprefix('torch.')} | {rows} x {fan_in} -> {fan_out} "
-            f"| {forward:.3f} | {onednn:.3f} | {onednn_packed:.3f} "
-            f"| {forward / onednn_packed:.2f}x | {backward:.3f} | {onednn_backward:.3f} "
-            f"| {backward / onednn_backward:.2f}x |"
+            f"| {forward:.3f} | {onednn:.3f} | {packed:.3f} | {forward / packed:.2f}x "
+            f"| {backward:.3f} | {onednn_backward:.3f} | {backward / onednn_backward:.2f}x |"
         )
     return lines
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
+from magrpo.grouped_attention import use_grouped_attention
 from magrpo.lora_routing import AdapterRouter
 from magrpo.losses import (
     completion_length,
@@ -456,7 +457,9 @@ def _load_model(path: str, dtype: torch.dtype, device: torch.device):
             f"{error}. Pass --model with a local folder that holds config.json, weights and "
             "tokenizer files (or a Hugging Face id available offline in the cache)."
         ) from error
-    return model.to(device), tokenizer
+    model = model.to(device)
+    use_grouped_attention(model)
+    return model, tokenizer
 
 
 def _lora_config(rank: int, alpha: float, target_modules: Sequence[str]):

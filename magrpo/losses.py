@@ -156,7 +156,9 @@ def _chunk_logits(hidden, weight, chunk: int, dtype: torch.dtype):
     """(row slice, logits of those rows in ``dtype``), upcast in one reused buffer."""
     high = None
     if dtype != hidden.dtype:
-        high = torch.empty(min(chunk, len(hidden)), weight.shape[0], dtype=dtype, device=hidden.device)
+        high = torch.empty(
+            min(chunk, len(hidden)), weight.shape[0], dtype=dtype, device=hidden.device
+        )
     for start in range(0, len(hidden), chunk):
         rows = slice(start, min(start + chunk, len(hidden)))
         logits = matmul_t(hidden[rows], weight)
