@@ -38,6 +38,7 @@ from magrpo.losses import (
 from magrpo.onednn import onednn_linears
 from magrpo.rollout import Completion, derive_seed
 from magrpo.sampling import row_generators, sample_tokens
+from magrpo.swiglu import lean_swiglu
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +319,8 @@ class Policies:
         G samples of a group thus cost one prompt, not G. The output layer runs only on the
         completions' real tokens, in chunks (``linear_token_logprobs``), when the model's
         logits are plain ``lm_head(decoder(...))``. On CPU the linear layers run through
-        oneDNN, forward and backward (``onednn``). ``reference=True``: the reference
+        oneDNN, forward and backward (``onednn``), and SwiGLU MLPs keep two tensors for
+        backward instead of three (``swiglu``). ``reference=True``: the reference
         policy (LoRA: the base, adapters off), without gradients.
         """
         backend = self.backend_of[completions[0].agent]
@@ -342,6 +344,7 @@ class Policies:
             grad,
             self._reference_context(backend, reference) as model,
             onednn_linears(model),
+            lean_swiglu(model),
         ):
             network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])

@@ -1,0 +1,66 @@
+"""SwiGLU MLPs that keep two tensors for backward instead of three.
+
+A Llama-style MLP computes ``down(silu(gate(x)) * up(x))``. Autograd keeps ``gate(x)`` for
+the SiLU and both ``silu(gate(x))`` and ``up(x)`` for the product: three intermediate-size
+tensors per token and layer, the largest activations of the training pass. The gradient
+only needs ``gate(x)`` and ``up(x)``: the SiLU is recomputed in backward (elementwise,
+cheap). At G = 4 on SmolLM2 that is 20% of a LoRA update's saved activations (~85 MB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+@contextlib.contextmanager
+def lean_swiglu(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, every SwiGLU MLP of ``model`` (``gate_proj``, ``up_proj``,
+    ``down_proj`` and a SiLU ``act_fn``, as in Llama, Mistral, Qwen2) saves only its gate
+    and up projections for backward. Other modules are untouched."""
+    patched = [module for module in model.modules() if _is_swiglu(module)]
+    for module in patched:
+        module.forward = functools.partial(_forward, module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def _is_swiglu(module: torch.nn.Module) -> bool:
+    act = getattr(module, "act_fn", None)
+    return (
+        all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
+        and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation")
+        and "forward" not in vars(module)
+    )
+
+
+def _forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module.down_proj(_SwiGLU.apply(module.gate_proj(x), module.up_proj(x)))
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up, saving gate and up only."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        gate, up = ctx.saved_tensors
+        sigmoid = torch.sigmoid(gate)
+        silu = gate * sigmoid
+        grad_up = grad_output * silu if ctx.needs_input_grad[1] else None
+        grad_gate = None
+        if ctx.needs_input_grad[0]:
+            # d silu / d gate = sigmoid * (1 + gate * (1 - sigmoid))
+            grad_gate = grad_output * up * sigmoid * (1 + gate * (1 - sigmoid))
+        return grad_gate, grad_up
