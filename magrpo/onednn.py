@@ -86,9 +86,7 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
     finally:
         for module in patched:
             del module.forward
-        if packed:
-            packed.clear()
-            release_free_heap()
+        packed.clear()
 
 
 def release_free_heap() -> None:

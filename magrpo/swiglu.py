@@ -56,11 +56,9 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         gate, up = ctx.saved_tensors
-        sigmoid = torch.sigmoid(gate)
-        silu = gate * sigmoid
-        grad_up = grad_output * silu if ctx.needs_input_grad[1] else None
-        grad_gate = None
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[1]:
+            grad_up = grad_output * F.silu(gate)
         if ctx.needs_input_grad[0]:
-            # d silu / d gate = sigmoid * (1 + gate * (1 - sigmoid))
-            grad_gate = grad_output * up * sigmoid * (1 + gate * (1 - sigmoid))
+            grad_gate = torch.ops.aten.silu_backward(grad_output * up, gate)
         return grad_gate, grad_up
