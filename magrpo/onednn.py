@@ -29,6 +29,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from magrpo.module_patching import forwards_replaced, is_patched
+
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -65,27 +67,24 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
     if pack_rows is not None:
         release_free_heap()  # the copies then take pages the update freed, not new ones
     packed: dict[int, torch.Tensor] = {}
-    patched = []
+    forwards = {}
     for module in model.modules():
-        if type(module) is not torch.nn.Linear or "forward" in vars(module):
+        if type(module) is not torch.nn.Linear or is_patched(module):
             continue
         if module.weight.dtype not in DTYPES:
             continue
         if pack_rows is None:
-            module.forward = functools.partial(_linear, module)
-        else:
-            weight = module.weight
-            if id(weight) not in packed:  # tied weights are packed once
-                packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(
-                    weight.detach(), pack_rows
-                )
-            module.forward = functools.partial(_packed_linear, module, packed[id(weight)])
-        patched.append(module)
+            forwards[module] = functools.partial(_linear, module)
+            continue
+        weight = module.weight
+        if id(weight) not in packed:  # tied weights are packed once
+            packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), pack_rows)
+        forwards[module] = functools.partial(_packed_linear, module, packed[id(weight)])
     try:
-        yield
-    finally:
-        for module in patched:
-            del module.forward
+        with forwards_replaced(forwards):
+            yield
+    finally:  # the packed copies go now, not whenever the generator's frame is collected
+        forwards.clear()
         packed.clear()
 
 

@@ -16,20 +16,17 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from magrpo.module_patching import forwards_replaced, is_patched
+
 
 @contextlib.contextmanager
 def lean_swiglu(model: torch.nn.Module) -> Iterator[None]:
     """Within the block, every SwiGLU MLP of ``model`` (``gate_proj``, ``up_proj``,
     ``down_proj`` and a SiLU ``act_fn``, as in Llama, Mistral, Qwen2) saves only its gate
     and up projections for backward. Other modules are untouched."""
-    patched = [module for module in model.modules() if _is_swiglu(module)]
-    for module in patched:
-        module.forward = functools.partial(_forward, module)
-    try:
+    swiglus = [module for module in model.modules() if _is_swiglu(module)]
+    with forwards_replaced({m: functools.partial(_forward, m) for m in swiglus}):
         yield
-    finally:
-        for module in patched:
-            del module.forward
 
 
 def _is_swiglu(module: torch.nn.Module) -> bool:
@@ -37,7 +34,7 @@ def _is_swiglu(module: torch.nn.Module) -> bool:
     return (
         all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
         and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation")
-        and "forward" not in vars(module)
+        and not is_patched(module)
     )
 
 
