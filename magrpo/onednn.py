@@ -12,7 +12,8 @@ backward, on the weight as it is. So:
   weights) live only while it runs, and a training step's peak, reached in the update, is
   unchanged.
 - :func:`onednn_linears` ``(model)``, for the training pass: plain weights, no copies, an
-  autograd function whose backward (input and weight gradients) is oneDNN's too.
+  autograd function whose input gradient is oneDNN's too (the weight gradient of full
+  fine-tuning stays torch's, as fast here on transposed operands).
 
 Results differ from ``F.linear`` by float rounding only (another summation order). Outside
 a block, and where oneDNN or the dtype is not supported (GPU, float64, other builds), the
@@ -124,7 +125,7 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """F.linear with oneDNN in the forward and in both gradients of the backward."""
+    """F.linear with oneDNN in the forward and in the input gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -144,7 +145,7 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             rows_out = grad_output.reshape(-1, grad_output.shape[-1])
             rows_in = x.reshape(-1, x.shape[-1])
-            grad_weight = _inner_product(rows_out.t(), rows_in.t())
+            grad_weight = rows_out.t() @ rows_in  # torch's: oneDNN gains nothing here
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
         return grad_x, grad_weight, grad_bias
