@@ -228,7 +228,7 @@ class Policies:
         """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
 
         On CPU the linear layers multiply with oneDNN-packed copies of their weights while
-        it runs (``onednn``: about twice as fast at a decode step's few rows).
+        it runs (``onednn``: 1.6-3.8x faster products at a decode step's few rows).
         """
         with onednn_linears(backend.model, pack_rows=len(prompts) * num_samples):
             return self._decode(backend, agents, prompts, num_samples, params, sample_seeds)

@@ -1,11 +1,12 @@
 """The model's linear layers through oneDNN instead of the BLAS library, on CPU.
 
 torch sends a float32 ``F.linear`` on CPU to its BLAS library's generic GEMM (MKL in the
-x86 wheels) and only lower precisions to oneDNN. On the 2-core machines we measure on, oneDNN's
-inner product is faster at every shape a step uses (``benchmarks/linear_kernels.py``;
-docs/benchmarks.md): about 2x at a decode step's 8 rows when the weight is first reordered
-into oneDNN's blocked layout, and 1.2-1.6x at an update's few hundred rows, forward and
-backward, on the weight as it is. So:
+x86 wheels) and only lower precisions to oneDNN. On the 2-core machine we measured on (AMD
+Zen 4), oneDNN's inner product is faster at every float32 shape of a step
+(``benchmarks/linear_kernels.py``; docs/benchmarks.md): 1.6-3.8x at a decode step's 8 rows
+when the weight is first reordered into oneDNN's blocked layout (1.3-1.6x in bfloat16), and
+1.05-1.4x forward, 1.4-1.9x for the input gradient at an update's few hundred rows, on the
+weight as it is. So:
 
 - :func:`onednn_linears` ``(model, pack_rows=...)``, for decoding (no gradients): each
   weight is packed once per call of the block; the packed copies (one copy of the linear
