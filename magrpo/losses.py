@@ -112,12 +112,14 @@ LOGIT_CHUNK_ELEMENTS = 1 << 22  # 16 MB of float32 logits per chunk
 class _LinearTokenLogprobs(torch.autograd.Function):
     """log softmax(hidden @ weight.T)[target] without materialising the [N, vocab] logits.
 
-    The output layer and the log-softmax run over chunks of rows in two buffers allocated
-    once per call and overwritten in place; backward recomputes each chunk's logits (one
-    extra output-layer matmul) instead of keeping them. With a 49k vocabulary the full
-    logits of a micro-batch, their float32 copy and their gradient are hundreds of MB, and
-    on CPU every fresh large tensor costs its page faults (measured: a 16 MB temporary
-    took ~20 ms to fill in the trainer, 0.6 ms when reused).
+    The output layer (``matmul_t``: oneDNN on CPU) and the log-softmax run over chunks of
+    rows, one chunk's logits alive at a time (lower-precision logits are upcast into one
+    buffer reused by every chunk); backward recomputes each chunk's logits (one extra
+    output-layer matmul) instead of keeping them. With a 49k vocabulary the full logits of
+    a micro-batch, their float32 copy and their gradient are hundreds of MB, and on CPU
+    every fresh large tensor costs its page faults (measured: a 16 MB temporary took ~20 ms
+    to fill in the trainer, 0.6 ms when reused): a chunk's logits are freed before the next
+    chunk's are made, so the allocator hands the same pages back.
     """
 
     @staticmethod
