@@ -28,6 +28,7 @@ import torch
 from transformers import StaticCache
 
 from magrpo.grouped_attention import use_grouped_attention
+from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
 from magrpo.lora_routing import AdapterRouter
 from magrpo.losses import (
     completion_length,
@@ -201,12 +202,7 @@ class Policies:
                 if seeds is None
                 else [derive_seed(seeds[i], g) for i in rows for g in range(num_samples)]
             )
-            # oneDNN-packed weights while decoding: 1.6-3.8x faster products at a decode
-            # step's few rows on CPU (``onednn``); the copies go when the block ends.
-            with onednn_linears(backend.model, pack_rows=len(prompts) * num_samples):
-                outputs = self._generate(
-                    backend, agents, prompts, num_samples, params, sample_seeds
-                )
+            outputs = self._generate(backend, agents, prompts, num_samples, params, sample_seeds)
             for k, completion_ids in enumerate(outputs):
                 row = k // num_samples
                 results[rows[row]].append(
@@ -233,18 +229,18 @@ class Policies:
         """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
 
         The G samples of a prompt share its prefill: the prompt minus its last token is run
-        once and its keys/values are copied G times into a pre-allocated (static) cache,
-        where each new token's keys/values are then written in place (the dynamic cache
-        re-concatenates every layer's cache at every token). Decoding is our own loop rather
-        than ``generate``: a forward, our sampler, and the EOS bookkeeping per token, without
-        generate's per-step processors, stopping criteria and input preparation.
+        once. Decoding is our own loop rather than ``generate``: a forward, our sampler, and
+        the EOS bookkeeping per token, without generate's per-step processors, stopping
+        criteria and input preparation. The forward of a step is :class:`LlamaDecodeStep`
+        where it applies (Llama on CPU: fused oneDNN products; each prompt's keys/values
+        attended once for its G rows). Else it is transformers' forward on a pre-allocated
+        (static) cache that starts with G copies of the prefill and where each new token's
+        keys/values are written in place, with the weights packed for oneDNN (1.6-3.8x
+        faster products at a decode step's few rows on CPU; ``onednn``).
         """
         input_ids, attention_mask, width = backend.pad_batch(prompts)
         rows = len(prompts) * num_samples
         row_agents = [a for a in agents for _ in range(num_samples)]
-        cache = StaticCache(
-            config=backend.model.config, max_cache_len=width + params.max_new_tokens
-        )
         network, head = backend.split(backend.model)
         mask = torch.ones(
             rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
@@ -252,50 +248,60 @@ class Policies:
         mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
         positions = _position_ids(mask[:, :width])
         step_ids = input_ids.repeat_interleave(num_samples, dim=0)
-        if width > 1 and num_samples > 1:
-            with backend.routed(agents):
-                output = _last_position_pass(
-                    network, head, input_ids[:, :-1], attention_mask[:, :-1]
-                )
-            for static, prefilled in zip(cache.layers, _output_cache(output).layers, strict=True):
-                static.update(
-                    prefilled.keys.repeat_interleave(num_samples, dim=0),
-                    prefilled.values.repeat_interleave(num_samples, dim=0),
-                )
-            del output
-            step_ids, positions = step_ids[:, -1:], positions[:, -1:]
+        prefix_mask = attention_mask[:, :-1]
+        fused = width > 1 and llama_decode_supported(network, head, prefix_mask, backend.router)
+        prefix = None
+        # the fused step packs its own (concatenated) weights; the prefill's many rows run
+        # as fast on the plain ones
+        with onednn_linears(backend.model, pack_rows=None if fused else rows):
+            if width > 1 and (num_samples > 1 or fused):
+                with backend.routed(agents):
+                    output = _last_position_pass(network, head, input_ids[:, :-1], prefix_mask)
+                prefix = _output_cache(output)
+                del output
+                step_ids, positions = step_ids[:, -1:], positions[:, -1:]
+            with backend.routed(row_agents):
+                if fused:
+                    forward = LlamaDecodeStep(
+                        network,
+                        head,
+                        prefix,
+                        prefix_mask,
+                        num_samples,
+                        params.max_new_tokens,
+                        backend.router,
+                        [backend.adapter[a] for a in row_agents],
+                    ).step
+                else:
+                    forward = _static_cache_forward(
+                        backend, network, head, mask, prefix, num_samples
+                    )
+                del prefix  # the static cache holds copies; the fused step, the tensors
+                return self._decode(backend, forward, step_ids, positions, params, sample_seeds)
+
+    def _decode(self, backend, forward, step_ids, positions, params, sample_seeds):
+        """The sampling loop: ``forward(ids, positions)`` gives the next-token logits."""
+        rows = len(step_ids)
         generators = None
         if params.temperature > 0 and sample_seeds is not None:
             generators = row_generators(sample_seeds, backend.device)
-        eos = torch.tensor(backend.eos_ids, device=input_ids.device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+        eos = torch.tensor(backend.eos_ids, device=step_ids.device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=step_ids.device)
         tokens = []
-        with backend.routed(row_agents):
-            for step in range(params.max_new_tokens):
-                output = _last_position_pass(
-                    network,
-                    head,
-                    step_ids,
-                    mask[:, : width + step],
-                    positions,
-                    **{backend.cache_kwarg: cache},
-                )
-                if head is None:
-                    logits = output.logits[:, -1]
-                else:
-                    logits = head(output.last_hidden_state[:, -1])
-                if params.temperature > 0:
-                    next_ids = sample_tokens(
-                        logits, params.temperature, params.top_p, params.top_k, generators
-                    )[:, 0]
-                else:
-                    next_ids = logits.argmax(-1)
-                next_ids = torch.where(finished, backend.pad_id, next_ids)
-                tokens.append(next_ids)
-                finished |= torch.isin(next_ids, eos)
-                if bool(finished.all()):
-                    break
-                step_ids, positions = next_ids[:, None], positions[:, -1:] + 1
+        for _ in range(params.max_new_tokens):
+            logits = forward(step_ids, positions)
+            if params.temperature > 0:
+                next_ids = sample_tokens(
+                    logits, params.temperature, params.top_p, params.top_k, generators
+                )[:, 0]
+            else:
+                next_ids = logits.argmax(-1)
+            next_ids = torch.where(finished, backend.pad_id, next_ids)
+            tokens.append(next_ids)
+            finished |= torch.isin(next_ids, eos)
+            if bool(finished.all()):
+                break
+            step_ids, positions = next_ids[:, None], positions[:, -1:] + 1
         return torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]
 
     # --- log-probs -----------------------------------------------------------------------
@@ -418,6 +424,32 @@ def _last_position_pass(network, head, input_ids, attention_mask, position_ids=N
         **({"logits_to_keep": 1} if head is None else {}),
         **cache,
     )
+
+
+def _static_cache_forward(backend, network, head, mask, prefix, num_samples):
+    """transformers' forward of a decode step, on a static cache that starts with G copies
+    of the prefill (if any): ``forward(ids, positions)`` -> the last position's logits."""
+    cache = StaticCache(config=backend.model.config, max_cache_len=mask.shape[1])
+    cached = 0
+    if prefix is not None:
+        for static, prefilled in zip(cache.layers, prefix.layers, strict=True):
+            static.update(
+                prefilled.keys.repeat_interleave(num_samples, dim=0),
+                prefilled.values.repeat_interleave(num_samples, dim=0),
+            )
+        cached = prefix.get_seq_length()
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        nonlocal cached
+        cached += ids.shape[1]
+        output = _last_position_pass(
+            network, head, ids, mask[:, :cached], positions, **{backend.cache_kwarg: cache}
+        )
+        if head is None:
+            return output.logits[:, -1]
+        return head(output.last_hidden_state[:, -1])
+
+    return forward
 
 
 def _head_split(model, device) -> tuple[torch.nn.Module, torch.nn.Linear] | None:

@@ -72,18 +72,23 @@ class AdapterRouter:
         if all(adapter is None for adapter in adapters):
             self._base_only = True
         else:
-            scales = torch.zeros(len(adapters), sum(self.ranks))
-            starts = [sum(self.ranks[:k]) for k in range(len(self.names))]
-            for row, adapter in enumerate(adapters):
-                if adapter is not None:
-                    k = self.names.index(adapter)
-                    scales[row, starts[k] : starts[k] + self.ranks[k]] = self.scalings[k]
-            self._row_scales = scales.to(device)
+            self._row_scales = self.row_scales(adapters, device)
         try:
             yield
         finally:
             self._row_scales, self._base_only = None, False
             self._stacked.clear()
+
+    def row_scales(self, adapters: Sequence[str | None], device: torch.device) -> torch.Tensor:
+        """[B, sum(ranks)]: row i's adapter scaling on its block of the stacked rank
+        dimension, zero elsewhere (None: zero everywhere, the base model)."""
+        scales = torch.zeros(len(adapters), sum(self.ranks))
+        starts = [sum(self.ranks[:k]) for k in range(len(self.names))]
+        for row, adapter in enumerate(adapters):
+            if adapter is not None:
+                k = self.names.index(adapter)
+                scales[row, starts[k] : starts[k] + self.ranks[k]] = self.scalings[k]
+        return scales.to(device)
 
     def _forward(self, layer, peft_forward, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if self._base_only:
@@ -91,11 +96,11 @@ class AdapterRouter:
         if self._row_scales is None:
             return peft_forward(x, *args, **kwargs)
         result = layer.base_layer(x, *args, **kwargs)
-        lora_a, lora_b = self._stack(layer, x.dtype)
+        lora_a, lora_b = self.stacked(layer, x.dtype)
         scales = self._row_scales.to(x.dtype).view(len(x), *[1] * (x.dim() - 2), -1)
         return result + F.linear(F.linear(x, lora_a) * scales, lora_b).to(result.dtype)
 
-    def _stack(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def stacked(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The adapters' A and B stacked, in the activations' dtype (as autocast would run
         them; the float32 parameters stay the optimizer's copy and get float32 gradients).
         """

@@ -30,6 +30,15 @@ def test_shared_base_one_adapter_per_agent(policies):
     assert all(p.requires_grad for p in [*alice.values(), *bob.values()])
 
 
+@pytest.fixture(params=["fused", "transformers"])
+def decode_path(request, monkeypatch):
+    """Decode with the fused Llama step (the default here) or with transformers' forward."""
+    if request.param == "transformers":
+        monkeypatch.setattr("magrpo.agents.llama_decode_supported", lambda *args: False)
+    return request.param
+
+
+@pytest.mark.usefixtures("decode_path")
 def test_mixed_adapter_batch_equals_per_agent_generation(policies):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     requests = [("alice", "say words"), ("bob", "say words")]
@@ -40,6 +49,7 @@ def test_mixed_adapter_batch_equals_per_agent_generation(policies):
     assert together[0][0].completion_ids != together[1][0].completion_ids  # adapters differ
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_seeded_samples_do_not_depend_on_the_batch(policies):
     """With per-request seeds, what a request draws is fixed by its seed: batched with other
     prompts or alone (as on another data-parallel process), the samples are the same."""
@@ -55,6 +65,7 @@ def test_seeded_samples_do_not_depend_on_the_batch(policies):
     assert [c.completion_ids for c in reseeded] != [c.completion_ids for c in together[0]]
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_shared_prefill_generation_equals_plain_generate(policies):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths
@@ -64,6 +75,7 @@ def test_shared_prefill_generation_equals_plain_generate(policies):
         assert [c.completion_ids for c in group] == [expected] * 3
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_decoding_equals_transformers_generate_with_peft_adapter(policies):
     """Our decode loop (routed adapters, static cache, shared prefill) against the reference:
     ``generate`` on peft's own active adapter, one agent and one prompt at a time."""

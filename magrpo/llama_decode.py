@@ -1,0 +1,238 @@
+"""A decode step for Llama models on CPU: fused products, prompts attended once per group.
+
+A decode step reads every weight of the model once for a handful of rows, so it is bound by
+memory bandwidth, and transformers' forward adds about sixty small operators per layer on
+top. The G samples of a prompt also each attend over their own copy of the prompt's keys and
+values: with 64 new tokens after a 270-token prompt, four fifths of what attention reads are
+G identical copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of both:
+
+- the products that read one input (q, k, v; gate, up) are one oneDNN product over their
+  weights concatenated and packed once per ``sample`` call (``onednn``); o and down add the
+  residual inside the product;
+- LoRA adapters, routed per row (``lora_routing``), add two small matmuls per fused product;
+- attention is split in two ("cascade" attention): the queries of a prompt's G rows attend
+  to the one copy of the prompt's keys and values as a single query block, each row attends
+  to its own generated tokens, and the two softmaxes are merged by their log-sum-exps.
+
+It is the model's forward up to float rounding (summation order; the merge of the two
+softmaxes), computed with the model's own norms, rotary embedding and activation. Where it
+does not apply (another architecture, adapters that are not routed LoRA, GPU, other dtypes),
+:func:`llama_decode_supported` says so and the caller keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from magrpo.onednn import DTYPES, onednn_available, release_free_heap
+
+_LINEAR = torch.ops.mkldnn._linear_pointwise
+_ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def llama_decode_supported(network, head, prefix_mask: torch.Tensor, router=None) -> bool:
+    """Whether :class:`LlamaDecodeStep` can decode for ``network`` (a Llama decoder) and
+    ``head`` (its output layer, None when the logits are not plain ``head(decoder(x))``)
+    after a prefill whose attention mask is ``prefix_mask``. ``router``: the LoRA router of a
+    shared base, the only way adapters are supported."""
+    from peft.tuners.lora import LoraLayer
+
+    config = getattr(network, "config", None)
+    if head is None or getattr(config, "model_type", None) != "llama":
+        return False
+    if getattr(config, "pretraining_tp", 1) > 1:
+        return False
+    if not onednn_available(head.weight.device) or head.weight.dtype not in DTYPES:
+        return False
+    if not bool(prefix_mask.any(-1).all()):  # a prompt with nothing to attend to in the prefix
+        return False
+    routed = set(router.layers) if router is not None else set()
+    return all(module in routed for module in network.modules() if isinstance(module, LoraLayer))
+
+
+def _base(linear: torch.nn.Module) -> torch.nn.Linear:
+    return getattr(linear, "base_layer", linear)
+
+
+class _FusedProduct:
+    """Linear layers that read the same input, as one packed product plus their adapters."""
+
+    def __init__(self, linears: Sequence[torch.nn.Module], rows: int, router, scales):
+        bases = [_base(linear) for linear in linears]
+        weight = torch.cat([b.weight.detach() for b in bases]) if len(bases) > 1 else None
+        weight = bases[0].weight.detach() if weight is None else weight
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        self.bias = None
+        if any(b.bias is not None for b in bases):
+            self.bias = torch.cat(
+                [
+                    b.bias.detach() if b.bias is not None else b.weight.new_zeros(len(b.weight))
+                    for b in bases
+                ]
+            )
+        self.lora = None
+        adapted = [k for k, linear in enumerate(linears) if linear is not bases[k]]
+        if adapted:
+            # The adapters of all fused layers as one (A, B) pair: A stacked on the rank
+            # dimension, B block-placed at each layer's output rows.
+            a_parts, b_full = [], weight.new_zeros(len(weight), len(adapted) * scales.shape[1])
+            starts = [0]
+            for b in bases:
+                starts.append(starts[-1] + len(b.weight))
+            for n, k in enumerate(adapted):
+                lora_a, lora_b = router.stacked(linears[k], weight.dtype)
+                a_parts.append(lora_a)
+                rank = lora_a.shape[0]
+                b_full[starts[k] : starts[k + 1], n * rank : (n + 1) * rank] = lora_b
+            self.lora = (
+                torch.cat(a_parts),
+                scales.to(weight.dtype).repeat(1, len(adapted)),
+                b_full.t().contiguous(),
+            )
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is None:
+            y = _LINEAR(x, self.weight, self.bias, "none", [], "")
+        else:
+            y = _LINEAR.binary(x, residual, self.weight, self.bias, "add")
+        if self.lora is not None:
+            lora_a, scales, lora_b_t = self.lora
+            y.addmm_(F.linear(x, lora_a).mul_(scales), lora_b_t)
+        return y
+
+
+class _Layer(NamedTuple):
+    module: torch.nn.Module  # its norms and activation are used as they are
+    qkv: _FusedProduct
+    o: _FusedProduct
+    gate_up: _FusedProduct
+    down: _FusedProduct
+    k_prompt: torch.Tensor  # [P, KV, W, D]: one copy per prompt
+    v_prompt: torch.Tensor
+    k_own: torch.Tensor  # [B, KV, max_new_tokens, D]: each row's generated tokens
+    v_own: torch.Tensor
+
+
+class LlamaDecodeStep:
+    """One decode step of every row: ``step(ids [B, 1], positions [B, 1])`` -> logits [B, V].
+
+    Keeps the prompts' keys/values (one copy per prompt, from the prefill's cache
+    ``prefix_cache`` with mask ``prefix_mask`` [P, W]) and each row's generated ones; rows
+    are the prompts repeated ``num_samples`` times, row i running ``adapters[i]`` of
+    ``router``. Check :func:`llama_decode_supported` first.
+    """
+
+    def __init__(
+        self,
+        network,
+        head,
+        prefix_cache,
+        prefix_mask,
+        num_samples,
+        max_new_tokens,
+        router=None,
+        adapters=(),
+    ):
+        config = network.config
+        self.network = network
+        self.prompts = len(prefix_mask)
+        self.group = num_samples
+        rows = self.prompts * num_samples
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        first = network.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        scales = router.row_scales(adapters, prefix_mask.device) if router is not None else None
+        dtype = head.weight.dtype
+        release_free_heap()  # the packed copies then take pages the update freed
+
+        def fused(*linears):
+            return _FusedProduct(linears, rows, router, scales)
+
+        own_shape = (rows, self.kv_heads, max_new_tokens, self.head_dim)
+        self.layers = [
+            _Layer(
+                layer,
+                fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                fused(layer.self_attn.o_proj),
+                fused(layer.mlp.gate_proj, layer.mlp.up_proj),
+                fused(layer.mlp.down_proj),
+                cached.keys,
+                cached.values,
+                cached.keys.new_zeros(own_shape),
+                cached.values.new_zeros(own_shape),
+            )
+            for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
+        ]
+        self.head = fused(head)
+        self.prefix_bias = (
+            torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
+            .masked_fill(prefix_mask == 0, float("-inf"))
+            .view(self.prompts, 1, 1, -1)
+        )
+        self.length = 0  # generated tokens held per row
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.network.embed_tokens(ids[:, 0])
+        cos, sin = self.network.rotary_emb(x, positions)  # [B, 1, D]: broadcast over heads
+        slot, self.length = self.length, self.length + 1
+        rows, heads, kv_heads, dim = len(x), self.heads, self.kv_heads, self.head_dim
+        for layer in self.layers:
+            projected = layer.qkv(layer.module.input_layernorm(x))
+            qk = projected[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
+            rotated = torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1)
+            qk = torch.addcmul(qk * cos, rotated, sin)
+            layer.k_own[:, :, slot] = qk[:, heads:]
+            layer.v_own[:, :, slot] = projected[:, (heads + kv_heads) * dim :].view(
+                rows, kv_heads, dim
+            )
+            x = layer.o(self._attention(qk[:, :heads], layer).view(rows, -1), residual=x)
+            hidden = layer.gate_up(layer.module.post_attention_layernorm(x))
+            half = hidden.shape[-1] // 2
+            activated = layer.module.mlp.act_fn(hidden[:, :half]) * hidden[:, half:]
+            x = layer.down(activated, residual=x)
+        return self.head(self.network.norm(x))
+
+    def _attention(self, q: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """Softmax attention over prompt + own tokens, as two blocks merged by log-sum-exp.
+
+        A row's query heads that share a key/value head become that head's query positions
+        (one query token per head, so no causal order to keep); the prompt block also
+        stacks the G rows of a prompt.
+        """
+        prompts, group = self.prompts, self.group
+        kv_heads, per_kv = self.kv_heads, self.heads // self.kv_heads
+        dim = self.head_dim
+        # [P*G, KV*per_kv, D] -> [P, KV, G*per_kv, D]
+        q_prompt = (
+            q.reshape(prompts, group, kv_heads, per_kv, dim)
+            .transpose(1, 2)
+            .reshape(prompts, kv_heads, group * per_kv, dim)
+        )
+        out_prompt, lse_prompt = _ATTENTION(
+            q_prompt, layer.k_prompt, layer.v_prompt, attn_mask=self.prefix_bias, scale=self.scaling
+        )
+        out_prompt = (
+            out_prompt.view(prompts, kv_heads, group, per_kv, dim)
+            .transpose(1, 2)
+            .reshape(-1, kv_heads, per_kv, dim)
+        )
+        lse_prompt = (
+            lse_prompt.view(prompts, kv_heads, group, per_kv)
+            .transpose(1, 2)
+            .reshape(-1, kv_heads, per_kv, 1)
+        )
+        out_own, lse_own = _ATTENTION(
+            q.reshape(-1, kv_heads, per_kv, dim),
+            layer.k_own[:, :, : self.length],
+            layer.v_own[:, :, : self.length],
+            scale=self.scaling,
+        )
+        # softmax over both blocks = each block's softmax, weighted by its share of the mass
+        share = torch.sigmoid(lse_prompt - lse_own[..., None]).to(out_own.dtype)
+        return torch.lerp(out_own, out_prompt, share)

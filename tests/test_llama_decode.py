@@ -1,0 +1,153 @@
+"""The fused Llama decode step against transformers' forward, on a tiny random Llama."""
+
+import pytest
+import torch
+from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
+
+from magrpo.agents import (
+    SamplingParams,
+    _last_position_pass,
+    _output_cache,
+    _position_ids,
+    load_policies,
+)
+from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
+
+AGENTS = ["alice", "bob"]
+PROMPTS = [("alice", "say some words again please"), ("bob", "task")]  # left padding
+GROUP = 3
+
+
+@pytest.fixture
+def policies(tiny_model_path):  # noqa: F811
+    torch.manual_seed(0)
+    loaded = load_policies(AGENTS, [tiny_model_path] * 2)
+    with torch.no_grad():  # adapters that change the logits, differently per agent
+        for name, param in loaded.backends[0].model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    return loaded
+
+
+def _prefilled_step(policies, prompts):
+    """A LlamaDecodeStep after the prefill of ``prompts`` (GROUP rows each), as ``sample``
+    builds it, and the first step's inputs."""
+    backend = policies.backends[0]
+    network, head = backend.split(backend.model)
+    ids, mask, _ = backend.pad_batch(prompts)
+    agents = [agent for agent, _ in PROMPTS]
+    row_adapters = [backend.adapter[a] for a in agents for _ in range(GROUP)]
+    assert llama_decode_supported(network, head, mask[:, :-1], backend.router)
+    with torch.inference_mode(), backend.routed(agents):
+        prefix = _output_cache(_last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
+    step = LlamaDecodeStep(
+        network, head, prefix, mask[:, :-1], GROUP, 8, backend.router, row_adapters
+    )
+    last = ids[:, -1:].repeat_interleave(GROUP, dim=0)
+    positions = _position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
+    return step, last, positions
+
+
+def _reference_logits(policies, prompts, fed):
+    """transformers' forward of prompt + tokens fed so far, row by row, through peft's own
+    active adapter, without padding or cache: the last position's logits [rows, V]."""
+    backend = policies.backends[0]
+    logits = []
+    for row in range(len(fed)):
+        agent, _ = PROMPTS[row // GROUP]
+        backend.model.set_adapter(backend.adapter[agent])
+        ids = torch.tensor([prompts[row // GROUP] + fed[row]])
+        with torch.inference_mode():
+            logits.append(backend.model(input_ids=ids).logits[0, -1].float())
+    return torch.stack(logits)
+
+
+def _decode(policies, steps=4):
+    """Runs the fused step ``steps`` times on fixed random tokens: (fused, fed tokens)."""
+    prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
+    step, ids, positions = _prefilled_step(policies, prompts)
+    vocab = policies.backends[0].model.config.vocab_size
+    fed = [[prompts[row // GROUP][-1]] for row in range(len(ids))]
+    fused = []
+    backend = policies.backends[0]
+    agents = [agent for agent, _ in PROMPTS for _ in range(GROUP)]
+    with torch.inference_mode(), backend.routed(agents):
+        for _ in range(steps):
+            fused.append(step.step(ids, positions).float())
+            ids = torch.randint(3, vocab, (len(ids), 1))
+            positions = positions + 1
+            for row, token in enumerate(ids[:, 0].tolist()):
+                fed[row].append(token)
+    prompts_without_last = [p[:-1] for p in prompts]
+    references = [
+        _reference_logits(policies, prompts_without_last, [f[: k + 1] for f in fed])
+        for k in range(steps)
+    ]
+    return fused, references
+
+
+def test_fused_step_equals_transformers_forward_in_float32(policies):
+    """Left-padded prompts of different lengths, G rows each, two adapters routed per row:
+    every step's logits equal an unpadded, uncached forward through peft."""
+    torch.manual_seed(1)
+    fused, references = _decode(policies)
+    for got, expected in zip(fused, references, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(fused[0][0], fused[0][GROUP])  # the adapters do differ
+
+
+def test_fused_step_in_bfloat16_differs_by_rounding_only(policies):
+    """In bfloat16 both the fused step and transformers' forward round differently from
+    float32; the fused step's error against float32 stays of the size of transformers' own."""
+    torch.manual_seed(1)
+    _, exact = _decode(policies)  # transformers in float32
+    policies.backends[0].model.to(torch.bfloat16)
+    torch.manual_seed(1)
+    fused, references = _decode(policies)
+    for got, reference, truth in zip(fused, references, exact, strict=True):
+        ours = (got - truth).abs().max()
+        theirs = (reference - truth).abs().max()
+        assert ours <= 2 * theirs + 1e-3, (ours, theirs)
+
+
+def test_sample_decodes_with_the_fused_step(policies, monkeypatch):
+    calls = []
+    original = LlamaDecodeStep.step
+
+    def counted(self, ids, positions):
+        calls.append(len(ids))
+        return original(self, ids, positions)
+
+    monkeypatch.setattr(LlamaDecodeStep, "step", counted)
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+    policies.sample(PROMPTS, GROUP, greedy)
+    assert calls and set(calls) == {len(PROMPTS) * GROUP}
+
+
+def test_unsupported_models_keep_the_transformers_forward(policies, tiny_model_path):  # noqa: F811
+    backend = policies.backends[0]
+    network, head = backend.split(backend.model)
+    prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
+    _, mask, _ = backend.pad_batch(prompts)
+    prefix_mask = mask[:, :-1]
+    assert llama_decode_supported(network, head, prefix_mask, backend.router)
+    # no separable output layer
+    assert not llama_decode_supported(network, None, prefix_mask, backend.router)
+    # LoRA layers without the router that can route them
+    assert not llama_decode_supported(network, head, prefix_mask, None)
+    # a prompt whose every prefix position is padding (a one-token prompt)
+    padded = prefix_mask.clone()
+    padded[1] = 0
+    assert not llama_decode_supported(network, head, padded, backend.router)
+    # full fine-tuning: a plain model, no adapters
+    full = load_policies(AGENTS[:1], [tiny_model_path], finetune="full")
+    model = full.backends[0].model
+    network, head = full.backends[0].split(model)
+    assert llama_decode_supported(network, head, prefix_mask, None)
+    # another architecture
+    network.config.model_type = "mistral"
+    assert not llama_decode_supported(network, head, prefix_mask, None)
+    network.config.model_type = "llama"
+    # a dtype oneDNN does not run
+    model.to(torch.float64)
+    assert not llama_decode_supported(network, head, prefix_mask, None)
