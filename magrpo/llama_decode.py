@@ -3,8 +3,8 @@
 A decode step reads every weight of the model once for a handful of rows, so it is bound by
 memory bandwidth, and transformers' forward adds about sixty small operators per layer on
 top. The G samples of a prompt also each attend over their own copy of the prompt's keys and
-values: with 64 new tokens after a 270-token prompt, four fifths of what attention reads are
-G identical copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of both:
+values: with G = 4 and 64 new tokens after a 270-token prompt, two thirds of what attention
+reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of both:
 
 - the products that read one input (q, k, v; gate, up) are one oneDNN product over their
   weights concatenated and packed once per ``sample`` call (``onednn``); o and down add the
@@ -22,6 +22,7 @@ does not apply (another architecture, adapters that are not routed LoRA, GPU, ot
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -63,8 +64,8 @@ class _FusedProduct:
 
     def __init__(self, linears: Sequence[torch.nn.Module], rows: int, router, scales):
         bases = [_base(linear) for linear in linears]
-        weight = torch.cat([b.weight.detach() for b in bases]) if len(bases) > 1 else None
-        weight = bases[0].weight.detach() if weight is None else weight
+        weights = [b.weight.detach() for b in bases]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
         self.bias = None
         if any(b.bias is not None for b in bases):
@@ -80,9 +81,7 @@ class _FusedProduct:
             # The adapters of all fused layers as one (A, B) pair: A stacked on the rank
             # dimension, B block-placed at each layer's output rows.
             a_parts, b_full = [], weight.new_zeros(len(weight), len(adapted) * scales.shape[1])
-            starts = [0]
-            for b in bases:
-                starts.append(starts[-1] + len(b.weight))
+            starts = [0, *itertools.accumulate(len(w) for w in weights)]
             for n, k in enumerate(adapted):
                 lora_a, lora_b = router.stacked(linears[k], weight.dtype)
                 a_parts.append(lora_a)
