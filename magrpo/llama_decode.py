@@ -29,9 +29,14 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from magrpo.onednn import DTYPES, onednn_available, release_free_heap
+from magrpo.onednn import (
+    DTYPES,
+    inner_product,
+    onednn_available,
+    pack_weight,
+    release_free_heap,
+)
 
-_LINEAR = torch.ops.mkldnn._linear_pointwise
 _ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -66,7 +71,7 @@ class _FusedProduct:
         bases = [_base(linear) for linear in linears]
         weights = [b.weight.detach() for b in bases]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        self.weight = pack_weight(weight, rows)
         self.bias = None
         if any(b.bias is not None for b in bases):
             self.bias = torch.cat(
@@ -94,10 +99,7 @@ class _FusedProduct:
             )
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if residual is None:
-            y = _LINEAR(x, self.weight, self.bias, "none", [], "")
-        else:
-            y = _LINEAR.binary(x, residual, self.weight, self.bias, "add")
+        y = inner_product(x, self.weight, self.bias, residual)
         if self.lora is not None:
             lora_a, scales, lora_b_t = self.lora
             y.addmm_(F.linear(x, lora_a).mul_(scales), lora_b_t)

@@ -80,7 +80,7 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
             continue
         weight = module.weight
         if id(weight) not in packed:  # tied weights are packed once
-            packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), pack_rows)
+            packed[id(weight)] = pack_weight(weight, pack_rows)
         forwards[module] = functools.partial(_packed_linear, module, packed[id(weight)])
     try:
         with forwards_replaced(forwards):
@@ -104,19 +104,30 @@ def release_free_heap() -> None:
 def matmul_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` (no autograd), by oneDNN where it can run it."""
     if x.dtype == weight.dtype in DTYPES and onednn_available(x.device):
-        return _inner_product(x, weight)
+        return inner_product(x, weight)
     return x @ weight.t()
 
 
-def _inner_product(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """x @ weight.T + bias by oneDNN (``weight`` packed or plain, any strides)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """A copy of a linear ``weight`` in oneDNN's blocked layout, for about ``rows`` input
+    rows (no gradients flow through it); multiply with :func:`inner_product`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+
+
+def inner_product(
+    x: torch.Tensor, weight: torch.Tensor, bias=None, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias (+ ``residual``, added inside the product) by oneDNN
+    (``weight`` packed or plain, any strides)."""
+    if residual is None:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
 
 
 def _packed_linear(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor):
     if x.dtype != packed.dtype or torch.is_grad_enabled() and module.weight.requires_grad:
         return F.linear(x, module.weight, module.bias)
-    return _inner_product(x, packed, module.bias)
+    return inner_product(x, packed, module.bias)
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -135,14 +146,14 @@ class _OneDNNLinear(torch.autograd.Function):
             weight if x.requires_grad else None, x if weight.requires_grad else None
         )
         ctx.has_bias = bias is not None
-        return _inner_product(x, weight, bias)
+        return inner_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
         weight, x = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _inner_product(grad_output, weight.t())
+            grad_x = inner_product(grad_output, weight.t())
         if ctx.needs_input_grad[1]:
             rows_out = grad_output.reshape(-1, grad_output.shape[-1])
             rows_in = x.reshape(-1, x.shape[-1])
