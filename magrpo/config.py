@@ -21,6 +21,7 @@ FINETUNE_MODES = ("lora", "full")
 DTYPES = ("float32", "bfloat16", "float16")
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 GENERATION_BACKENDS = ("hf", "vllm")
+CPU_HEAP_POLICIES = ("auto", "keep", "release")
 
 
 class ConfigError(ValueError):
@@ -221,6 +222,14 @@ class MAGRPOConfig:
     torch_threads: int | None = field(
         default=None, metadata=_help("torch.set_num_threads (None: torch's default).")
     )
+    cpu_heap: str = field(
+        default="auto",
+        metadata=_help(
+            "CPU training: 'keep' freed memory for the next step (no page faults on its "
+            "gradients and packed weights; higher resident memory), 'release' it to the OS "
+            "between phases, 'auto': keep for --finetune full, release for LoRA."
+        ),
+    )
     progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
 
     # ---------------------------------------------------------------------------------------
@@ -262,6 +271,8 @@ class MAGRPOConfig:
             raise bad("finetune", self.finetune, f"one of {', '.join(FINETUNE_MODES)}")
         if self.dtype not in DTYPES:
             raise bad("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        if self.cpu_heap not in CPU_HEAP_POLICIES:
+            raise bad("cpu_heap", self.cpu_heap, f"one of {', '.join(CPU_HEAP_POLICIES)}")
         if not 0.0 <= self.discount <= 1.0:
             raise bad("discount", self.discount, "a number in [0, 1]")
         if self.temperature <= 0:

@@ -29,13 +29,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from magrpo.onednn import (
-    DTYPES,
-    inner_product,
-    onednn_available,
-    pack_weight,
-    release_free_heap,
-)
+from magrpo.heap import release_free_heap
+from magrpo.onednn import DTYPES, inner_product, onednn_available, pack_weight
 
 _ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 

@@ -24,26 +24,16 @@ layers are torch's own.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
+from magrpo.heap import release_free_heap
 from magrpo.module_patching import forwards_replaced, is_patched
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
 
 
 def onednn_available(device: torch.device) -> bool:
@@ -88,17 +78,6 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
     finally:  # the packed copies go now, not whenever the generator's frame is collected
         forwards.clear()
         packed.clear()
-
-
-def release_free_heap() -> None:
-    """Give the heap's free pages back to the OS (glibc's ``malloc_trim``; else nothing).
-
-    glibc keeps the memory of freed tensors for reuse, so a phase that allocates differently
-    from the previous one (the decode loop's packed weights after the update's activations)
-    adds its memory on top of the other's instead of reusing it. Costs ~1-80 ms.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def matmul_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ from magrpo.checkpoint import (
 from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.distributed import DataParallel
+from magrpo.heap import keep_freed_memory
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.rollout import Completion, RolloutResult, run_rollout
@@ -207,6 +208,8 @@ class MAGRPOTrainer:
             )
             for agent in self.agents
         }
+        if _keeps_freed_memory(config.cpu_heap, self.policies):
+            keep_freed_memory()  # after loading: the load's temporaries still go back
         self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
         num_items = getattr(env, "num_items", None)
         self.data_order = DataOrder(
@@ -713,6 +716,15 @@ class MAGRPOTrainer:
         self.executor.shutdown(wait=True)
         if self.vllm is not None:
             self.vllm.close()
+
+
+def _keeps_freed_memory(policy: str, policies: Policies) -> bool:
+    """``cpu_heap``: "auto" keeps freed memory when a CPU model is fully fine-tuned, whose
+    gradients and packed weights are re-allocated every step (see ``magrpo.heap``)."""
+    on_cpu = [backend for backend in policies.backends if backend.device.type == "cpu"]
+    if policy == "auto":
+        return any(backend.mode == "full" for backend in on_cpu)
+    return policy == "keep" and bool(on_cpu)
 
 
 def _adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float):

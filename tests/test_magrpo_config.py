@@ -57,6 +57,7 @@ def test_cli_flags_override_yaml(tmp_path):
         ({"vllm_gpu_memory_utilization": 1.5}, "(0, 1)"),
         ({"agent_devices": []}, "one device per agent"),
         ({"eval_size": 0}, "eval_interval > 0"),
+        ({"cpu_heap": "hoard"}, "auto, keep, release"),
     ],
 )
 def test_validation_errors_are_clear(changes, needle):

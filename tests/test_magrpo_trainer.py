@@ -11,7 +11,7 @@ from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest 
 from magrpo.checkpoint import latest_checkpoint, list_checkpoints
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.rollout import Completion
-from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample
+from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample, _keeps_freed_memory
 
 
 def make_config(output_dir, model, **changes) -> MAGRPOConfig:
@@ -105,6 +105,10 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
 def test_one_agent_update_leaves_the_other_untouched(tmp_path, tiny_model_path):  # noqa: F811
     config = make_config(tmp_path / "iso", tiny_model_path)
     trainer = MAGRPOTrainer(config, WordGameEnv(), model_resolver=str)
+    # LoRA on CPU gives freed memory back unless told to keep it (magrpo.heap)
+    assert [_keeps_freed_memory(p, trainer.policies) for p in ("auto", "keep", "release")] == [
+        False, True, False,
+    ]  # fmt: skip
     before = trainable(trainer)
     prompt = trainer.policies.encode_prompt("alice", "say words")
     samples = [
@@ -128,6 +132,8 @@ def test_full_finetune_cross_clip_kl(tmp_path, tiny_model_path):  # noqa: F811
     )  # fmt: skip
     trainer, result = run(config)
     assert len(trainer.policies.backends) == 2
+    assert _keeps_freed_memory("auto", trainer.policies)  # full fine-tuning keeps it
+    assert not _keeps_freed_memory("release", trainer.policies)
     record = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["kl"] >= 0.0
     assert (tmp_path / "full" / "models" / "alice" / "config.json").is_file()
