@@ -1,8 +1,8 @@
 """What the process does with the CPU memory that freed tensors leave: give it back to the
 OS, or keep it for the next tensors (glibc's allocator; elsewhere both are no-ops).
 
-Memory that goes back to the OS comes back through page faults, and on the VMs we measure
-on a fault is slow: ~2 ms per MB of fresh memory once the process holds a few GB
+Memory that goes back to the OS comes back through page faults, and on the VM we measure
+on, a fault is slow: ~2 ms per MB of fresh memory once the process holds a few GB
 (``docs/benchmarks.md``, fix 17), against ~0.04 ms per MB to refill memory already mapped.
 glibc gives back every allocation above 32 MB as soon as it is freed (it maps those
 separately), and the rest when the top of its heap is free or when we call
@@ -39,7 +39,7 @@ def keep_freed_memory() -> bool:
     """From now on, keep freed memory in the process for the next allocations.
 
     Large allocations come from the heap instead of their own mappings, and the heap is no
-    longer trimmed, so the pages of one step's gradients are the next step's. Resident memory
+    longer trimmed, so sampling and the update reuse each other's pages. Resident memory
     then stays at its high-water mark (plus some fragmentation). Process-wide and not undone.
     Returns whether it took effect (False without glibc).
     """
