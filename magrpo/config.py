@@ -265,14 +265,17 @@ class MAGRPOConfig:
                 raise bad(name, value, "a non-negative integer")
         if self.eval_interval and not self.eval_size:
             raise bad("eval_size", self.eval_size, "at least 1 when eval_interval > 0")
-        if self.joint_mode not in JOINT_MODES:
-            raise bad("joint_mode", self.joint_mode, f"one of {', '.join(JOINT_MODES)}")
-        if self.finetune not in FINETUNE_MODES:
-            raise bad("finetune", self.finetune, f"one of {', '.join(FINETUNE_MODES)}")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        if self.cpu_heap not in CPU_HEAP_POLICIES:
-            raise bad("cpu_heap", self.cpu_heap, f"one of {', '.join(CPU_HEAP_POLICIES)}")
+        choices = {
+            "joint_mode": JOINT_MODES,
+            "finetune": FINETUNE_MODES,
+            "dtype": DTYPES,
+            "generation_backend": GENERATION_BACKENDS,
+            "cpu_heap": CPU_HEAP_POLICIES,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise bad(name, value, f"one of {', '.join(allowed)}")
         if not 0.0 <= self.discount <= 1.0:
             raise bad("discount", self.discount, "a number in [0, 1]")
         if self.temperature <= 0:
@@ -301,12 +304,6 @@ class MAGRPOConfig:
                 "rollout for several optimizer steps, which is off-policy after the first one "
                 "and needs clipped importance ratios. Set --clip-epsilon (e.g. 0.2) or use "
                 "--num-update-epochs 1."
-            )
-        if self.generation_backend not in GENERATION_BACKENDS:
-            raise bad(
-                "generation_backend",
-                self.generation_backend,
-                f"one of {', '.join(GENERATION_BACKENDS)}",
             )
         if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
             raise bad(
