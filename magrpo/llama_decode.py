@@ -1,4 +1,5 @@
-"""A decode step for Llama models on CPU: fused products, prompts attended once per group.
+"""A decode step for Llama (and Qwen2) models on CPU: fused products, prompts attended once
+per group.
 
 A decode step reads every weight of the model once for a handful of rows, so it is bound by
 memory bandwidth, and transformers' forward adds about sixty small operators per layer on
@@ -16,8 +17,9 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
 
 It is the model's forward up to float rounding (summation order; the merge of the two
 softmaxes), computed with the model's own norms, rotary embedding and activation. Where it
-does not apply (another architecture, adapters that are not routed LoRA, GPU, other dtypes),
-:func:`llama_decode_supported` says so and the caller keeps transformers' forward.
+does not apply (another architecture, sliding-window attention, adapters that are not
+routed LoRA, GPU, other dtypes), :func:`llama_decode_supported` says so and the caller keeps
+transformers' forward.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from magrpo.onednn import DTYPES, inner_product, onednn_available, pack_weight
 
 _ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
+# transformers' model types with Llama's decoder layer: Qwen2 differs by biases on q, k, v
+# (fused like the weights) and an optional sliding window (not supported)
+ARCHITECTURES = ("llama", "qwen2")
+
 
 def llama_decode_supported(network, head, prefix_mask: torch.Tensor, router=None) -> bool:
     """Whether :class:`LlamaDecodeStep` can decode for ``network`` (a Llama decoder) and
@@ -43,10 +49,12 @@ def llama_decode_supported(network, head, prefix_mask: torch.Tensor, router=None
     from peft.tuners.lora import LoraLayer
 
     config = getattr(network, "config", None)
-    if head is None or getattr(config, "model_type", None) != "llama":
+    if head is None or getattr(config, "model_type", None) not in ARCHITECTURES:
         return False
     if getattr(config, "pretraining_tp", 1) > 1:
         return False
+    if any(getattr(layer.self_attn, "sliding_window", None) for layer in network.layers):
+        return False  # the step attends to every token
     if not onednn_available(head.weight.device) or head.weight.dtype not in DTYPES:
         return False
     if not bool(prefix_mask.any(-1).all()):  # a prompt with nothing to attend to in the prefix

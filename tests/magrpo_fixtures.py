@@ -2,7 +2,8 @@
 
 * ``build_tiny_model(folder)``: a word-level tokenizer (pad == eos == ``<|im_end|>`` like
   SmolLM2, with a chat template that also contains that token) and a random
-  ``LlamaForCausalLM`` (hidden 64, 2 layers), saved to ``folder``.
+  ``LlamaForCausalLM`` (hidden 64, 2 layers; ``architecture="qwen2"``: a
+  ``Qwen2ForCausalLM``), saved to ``folder``.
 * ``WordGameEnv``: a 2-agent multi-turn text ParallelEnv. Joint reward = fraction of
   agent alice's words that are vowel-initial + 0.5 when bob writes more words than alice;
   deterministic, deep-copyable, with named reward parts.
@@ -76,13 +77,26 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def build_tokenizer(byte_level: bool = False):
+    """A word-level tokenizer over WORDS; ``byte_level``: a byte-level BPE trained on them
+    instead, the kind transformers requires for Qwen2 models (it loads ``Qwen2Tokenizer``
+    for them, whatever the saved tokenizer class)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if byte_level:
+        core = Tokenizer(models.BPE())
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        core.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(
+            special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
+        )
+        core.train_from_iterator(WORDS + [f" {word}" for word in WORDS], trainer)
+    else:
+        vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+        core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token="<unk>",
@@ -96,8 +110,33 @@ def build_tokenizer():
 
 def tiny_llama(tokenizer, seed: int = 0, **config_overrides):
     """A random LlamaForCausalLM (hidden 64, 2 layers) sized to ``tokenizer``'s vocabulary."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _tiny(LlamaConfig, LlamaForCausalLM, tokenizer, seed, config_overrides)
+
+
+def tiny_qwen2(tokenizer, seed: int = 0, **config_overrides):
+    """A random Qwen2ForCausalLM of the same size: Llama's layout plus biases on q, k and v
+    (random here, not zero, so that they count)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = _tiny(
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        tokenizer,
+        seed,
+        {"use_sliding_window": False, **config_overrides},
+    )
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                linear.bias.normal_(std=0.5)
+    return model
+
+
+def _tiny(config_class, model_class, tokenizer, seed: int, config_overrides: dict):
+    import torch
 
     torch.manual_seed(seed)
     settings = dict(
@@ -113,13 +152,18 @@ def tiny_llama(tokenizer, seed: int = 0, **config_overrides):
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=True,
     )
-    return LlamaForCausalLM(LlamaConfig(**{**settings, **config_overrides}))
+    return model_class(config_class(**{**settings, **config_overrides}))
 
 
-def build_tiny_model(folder: str | Path, seed: int = 0, **config_overrides) -> Path:
-    tokenizer = build_tokenizer()
+TINY_MODELS = {"llama": tiny_llama, "qwen2": tiny_qwen2}
+
+
+def build_tiny_model(
+    folder: str | Path, seed: int = 0, architecture: str = "llama", **config_overrides
+) -> Path:
+    tokenizer = build_tokenizer(byte_level=architecture == "qwen2")
     folder = Path(folder)
-    tiny_llama(tokenizer, seed, **config_overrides).save_pretrained(folder)
+    TINY_MODELS[architecture](tokenizer, seed, **config_overrides).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -127,6 +171,13 @@ def build_tiny_model(folder: str | Path, seed: int = 0, **config_overrides) -> P
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_MODELS))
+def tiny_model_path_per_architecture(request, tmp_path_factory) -> str:
+    """A tiny model of each architecture with a fast path of its own (``llama_decode``)."""
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return str(build_tiny_model(folder, architecture=request.param))
 
 
 class WordGameEnv(ParallelEnv):

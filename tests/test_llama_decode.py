@@ -1,8 +1,8 @@
-"""The fused Llama decode step against transformers' forward, on a tiny random Llama."""
+"""The fused decode step against transformers' forward, on tiny random Llama and Qwen2 models."""
 
 import pytest
 import torch
-from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
+from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
 from magrpo.agents import (
     SamplingParams,
@@ -19,9 +19,14 @@ GROUP = 3
 
 
 @pytest.fixture
-def policies(tiny_model_path):  # noqa: F811
+def model_path(tiny_model_path_per_architecture):  # noqa: F811
+    return tiny_model_path_per_architecture
+
+
+@pytest.fixture
+def policies(model_path):
     torch.manual_seed(0)
-    loaded = load_policies(AGENTS, [tiny_model_path] * 2)
+    loaded = load_policies(AGENTS, [model_path] * 2)
     with torch.no_grad():  # adapters that change the logits, differently per agent
         for name, param in loaded.backends[0].model.named_parameters():
             if "lora_B" in name:
@@ -124,7 +129,7 @@ def test_sample_decodes_with_the_fused_step(policies, monkeypatch):
     assert calls and set(calls) == {len(PROMPTS) * GROUP}
 
 
-def test_unsupported_models_keep_the_transformers_forward(policies, tiny_model_path):  # noqa: F811
+def test_unsupported_models_keep_the_transformers_forward(policies, model_path):
     backend = policies.backends[0]
     network, head = backend.split(backend.model)
     prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
@@ -140,14 +145,18 @@ def test_unsupported_models_keep_the_transformers_forward(policies, tiny_model_p
     padded[1] = 0
     assert not llama_decode_supported(network, head, padded, backend.router)
     # full fine-tuning: a plain model, no adapters
-    full = load_policies(AGENTS[:1], [tiny_model_path], finetune="full")
+    full = load_policies(AGENTS[:1], [model_path], finetune="full")
     model = full.backends[0].model
     network, head = full.backends[0].split(model)
     assert llama_decode_supported(network, head, prefix_mask, None)
     # another architecture
-    network.config.model_type = "mistral"
+    architecture, network.config.model_type = network.config.model_type, "mistral"
     assert not llama_decode_supported(network, head, prefix_mask, None)
-    network.config.model_type = "llama"
+    network.config.model_type = architecture
+    # sliding-window attention (Qwen2's and Mistral's option)
+    network.layers[1].self_attn.sliding_window = 4
+    assert not llama_decode_supported(network, head, prefix_mask, None)
+    network.layers[1].self_attn.sliding_window = None
     # a dtype oneDNN does not run
     model.to(torch.float64)
     assert not llama_decode_supported(network, head, prefix_mask, None)
