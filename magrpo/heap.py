@@ -8,7 +8,8 @@ glibc gives back every allocation above 32 MB as soon as it is freed (it maps th
 separately), and the rest when the top of its heap is free or when we call
 :func:`release_free_heap`. A full fine-tuning step frees and re-allocates about 2 GB per step
 (each model's gradients, their packed decode copies), so keeping freed memory makes it ~16%
-faster for ~4% more resident memory (a little more over long runs: fragmentation); a LoRA
+faster for ~4% more resident memory (over 40 steps it followed the high-water mark of the
+longest prompt so far, plus fragmentation, and stayed flat in between); a LoRA
 step re-allocates less than 1 GB and keeping it costs 11-14% more memory, so LoRA gives it
 back. ``MAGRPOConfig.cpu_heap`` chooses.
 """

@@ -1,0 +1,116 @@
+"""Sampling with the fused decode step (``magrpo/llama_decode.py``) against transformers'
+forward, in ``Policies.sample``, on CPU.
+
+    .venv/bin/python benchmarks/decode_step.py                      # SmolLM2-135M (Llama)
+    .venv/bin/python benchmarks/decode_step.py --architecture qwen2 # random Qwen2, same shape
+    .venv/bin/python benchmarks/decode_step.py --finetune full --repeats 6
+
+Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
+alternate in one process (same prompts, same seeds, so the same work), after one warm-up
+call each. ``--architecture qwen2`` builds a randomly initialised Qwen2 with SmolLM2-135M's
+shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a decode step
+depends on the shapes, not on the weights' values. Prints seconds per ``sample`` call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import magrpo.agents as agents_module
+from magrpo.agents import SamplingParams, load_policies
+from magrpo.models import resolve_model
+
+PROMPTS = [
+    ("aux", "Write a helper function that returns the sum of the squares of a list. " * 6),
+    ("main", "Write a function that returns the largest even number in a list, or None. " * 6),
+]
+
+
+def random_qwen2(like: str, folder: Path) -> str:
+    """A random Qwen2ForCausalLM with the shape and tokenizer of the Llama model at ``like``."""
+    from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    llama = AutoConfig.from_pretrained(like)
+    config = Qwen2Config(
+        **{
+            key: getattr(llama, key)
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+                "rms_norm_eps",
+                "tie_word_embeddings",
+                "pad_token_id",
+                "eos_token_id",
+                "bos_token_id",
+            )
+        },
+        use_sliding_window=False,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(like).save_pretrained(folder)
+    return str(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="a model folder (default: SmolLM2-135M)")
+    parser.add_argument("--architecture", choices=("llama", "qwen2"), default="llama")
+    parser.add_argument("--finetune", choices=("lora", "full"), default="lora")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = args.model or str(resolve_model(None))
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.architecture == "qwen2":
+            model = random_qwen2(model, Path(scratch))
+        policies = load_policies(
+            [agent for agent, _ in PROMPTS],
+            [model, model],
+            finetune=args.finetune,
+            dtype=args.dtype,
+            use_chat_template=False,
+        )
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
+        supported = agents_module.llama_decode_supported
+
+        def sample(fused: bool) -> float:
+            agents_module.llama_decode_supported = supported if fused else (lambda *_, **__: False)
+            started = time.perf_counter()
+            policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
+            return time.perf_counter() - started
+
+        times: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            sample(True), sample(False)  # warm-up
+            for _ in range(args.repeats):
+                for fused in (True, False):
+                    times[fused].append(sample(fused))
+        finally:
+            agents_module.llama_decode_supported = supported
+    fused, plain = statistics.median(times[True]), statistics.median(times[False])
+    print(
+        f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "
+        f"{args.max_new_tokens} tokens: fused step {fused:.2f} s per sample call, "
+        f"transformers' forward {plain:.2f} s, {plain / fused:.2f}x "
+        f"(runs: {[round(t, 2) for t in times[True]]} / {[round(t, 2) for t in times[False]]})"
+    )
+
+
+if __name__ == "__main__":
+    main()
