@@ -139,7 +139,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=ctx.dtype) if need_weight else None
+        grad_weight = None  # written by the first chunk: no zero-filled [vocab, H] buffer
         grad_out = grad_out.to(ctx.dtype)
         for rows, logits in _chunk_logits(hidden, weight, ctx.chunk, ctx.dtype):
             # d(logit[target] - logsumexp) / d logits = onehot(target) - softmax
@@ -148,8 +148,14 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[rows] = matmul_t(grad.to(hidden.dtype), weight.t())
             if need_weight:
-                grad_weight.addmm_(grad.t(), hidden[rows].to(ctx.dtype))
+                rows_in = hidden[rows].to(ctx.dtype)
+                if grad_weight is None:
+                    grad_weight = grad.t() @ rows_in
+                else:
+                    grad_weight.addmm_(grad.t(), rows_in)
         if need_weight:
+            if grad_weight is None:  # no rows
+                grad_weight = torch.zeros_like(weight, dtype=ctx.dtype)
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None
 

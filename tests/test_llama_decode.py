@@ -19,14 +19,9 @@ GROUP = 3
 
 
 @pytest.fixture
-def model_path(tiny_model_path_per_architecture):  # noqa: F811
-    return tiny_model_path_per_architecture
-
-
-@pytest.fixture
-def policies(model_path):
+def policies(tiny_model_path_per_architecture):  # noqa: F811
     torch.manual_seed(0)
-    loaded = load_policies(AGENTS, [model_path] * 2)
+    loaded = load_policies(AGENTS, [tiny_model_path_per_architecture] * 2)
     with torch.no_grad():  # adapters that change the logits, differently per agent
         for name, param in loaded.backends[0].model.named_parameters():
             if "lora_B" in name:
@@ -129,7 +124,10 @@ def test_sample_decodes_with_the_fused_step(policies, monkeypatch):
     assert calls and set(calls) == {len(PROMPTS) * GROUP}
 
 
-def test_unsupported_models_keep_the_transformers_forward(policies, model_path):
+def test_unsupported_models_keep_the_transformers_forward(
+    policies,
+    tiny_model_path_per_architecture,  # noqa: F811
+):
     backend = policies.backends[0]
     network, head = backend.split(backend.model)
     prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
@@ -145,7 +143,7 @@ def test_unsupported_models_keep_the_transformers_forward(policies, model_path):
     padded[1] = 0
     assert not llama_decode_supported(network, head, padded, backend.router)
     # full fine-tuning: a plain model, no adapters
-    full = load_policies(AGENTS[:1], [model_path], finetune="full")
+    full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
     model = full.backends[0].model
     network, head = full.backends[0].split(model)
     assert llama_decode_supported(network, head, prefix_mask, None)

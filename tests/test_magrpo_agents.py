@@ -130,6 +130,36 @@ def test_logprobs_equal_a_plain_forward_with_peft_adapter(policies):
         assert not batch.logprobs[row, length:].any()
 
 
+def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path):
+    """Every weight's gradient of the log-probs, the tied embedding's included (one lookup
+    for prompts and completions, the output layer's gradient written chunk by chunk),
+    against plain autograd through transformers' forward and a log-softmax."""
+    from transformers import AutoModelForCausalLM
+
+    full = load_policies(["alice"], [tiny_model_path], finetune="full")
+    model = full.backends[0].model
+    eos = full.backends[0].tokenizer.eos_token_id
+    prompts = [full.encode_prompt("alice", "say words"), full.encode_prompt("alice", "task")]
+    completions = [
+        Completion("alice", "", prompts[0], [10, 11, 12, eos], True),
+        Completion("alice", "", prompts[1], [13, 14], False),
+        Completion("alice", "", prompts[0], [15, 16, 17], False),
+    ]
+    (full.logprobs(completions).logprobs.sum() * 0.5).backward()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert plain.get_input_embeddings().weight is plain.get_output_embeddings().weight  # tied
+    total = 0.0
+    for completion in completions:
+        ids = torch.tensor([completion.prompt_ids + completion.completion_ids])
+        logits = plain(input_ids=ids).logits[0, len(completion.prompt_ids) - 1 : -1]
+        targets = torch.tensor(completion.completion_ids)[:, None]
+        total = total + torch.log_softmax(logits, -1).gather(-1, targets).sum()
+    (total * 0.5).backward()
+    ours = dict(model.named_parameters())
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(ours[name].grad, param.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_chunked_output_layer_gradients_match_full_logits(monkeypatch):
     import magrpo.losses as losses
 
