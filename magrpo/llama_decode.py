@@ -42,10 +42,10 @@ ARCHITECTURES = ("llama", "qwen2")
 
 
 def llama_decode_supported(network, head, prefix_mask: torch.Tensor, router=None) -> bool:
-    """Whether :class:`LlamaDecodeStep` can decode for ``network`` (a Llama decoder) and
-    ``head`` (its output layer, None when the logits are not plain ``head(decoder(x))``)
-    after a prefill whose attention mask is ``prefix_mask``. ``router``: the LoRA router of a
-    shared base, the only way adapters are supported."""
+    """Whether :class:`LlamaDecodeStep` can decode for ``network`` (a Llama or Qwen2
+    decoder) and ``head`` (its output layer, None when the logits are not plain
+    ``head(decoder(x))``) after a prefill whose attention mask is ``prefix_mask``.
+    ``router``: the LoRA router of a shared base, the only way adapters are supported."""
     from peft.tuners.lora import LoraLayer
 
     config = getattr(network, "config", None)
