@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from magrpo.onednn import onednn_linears
 from magrpo.rollout import Completion, derive_seed
 from magrpo.sampling import row_generators, sample_tokens
 from magrpo.swiglu import lean_swiglu
+from magrpo.threads import run_side_by_side
 
 logger = logging.getLogger(__name__)
 
@@ -191,19 +193,38 @@ class Policies:
         alone, not of the batch it shares; None draws from torch's global generator.
         """
         results: list[list[Completion]] = [[] for _ in requests]
+        calls = []  # (backend, rows, agents, prompts, seeds): one generate call per model
         for backend in self.backends:
             rows = [i for i, (agent, _) in enumerate(requests) if agent in backend.adapter]
             if not rows:
                 continue
-            agents = [requests[i][0] for i in rows]
-            prompts = [self.encode_prompt(*requests[i]) for i in rows]
             sample_seeds = (
                 None
                 if seeds is None
                 else [derive_seed(seeds[i], g) for i in rows for g in range(num_samples)]
             )
-            outputs = self._generate(backend, agents, prompts, num_samples, params, sample_seeds)
-            for k, completion_ids in enumerate(outputs):
+            agents = [requests[i][0] for i in rows]
+            prompts = [self.encode_prompt(*requests[i]) for i in rows]
+            calls.append((backend, rows, agents, prompts, sample_seeds))
+        # Models decode side by side on CPU, each on its share of the threads: one model's
+        # small operators then overlap another's bandwidth-bound products. Only with
+        # per-row seeds: draws from torch's global generator would depend on the interleaving.
+        # Each model is prepared (prefill, packed weights) in this thread, so the large
+        # allocations stay in the heap that the update reuses (``heap``).
+        if len(calls) > 1 and seeds is not None and all(b.device.type == "cpu" for b, *_ in calls):
+            with contextlib.ExitStack() as stack:
+                loops = [
+                    stack.enter_context(self._generation(backend, a, p, num_samples, params, s))
+                    for backend, _, a, p, s in calls
+                ]
+                outputs = run_side_by_side(loops)
+        else:  # one model at a time: only one holds its decoding state
+            outputs = []
+            for backend, _, a, p, s in calls:
+                with self._generation(backend, a, p, num_samples, params, s) as loop:
+                    outputs.append(loop())
+        for (backend, rows, agents, prompts, _), generated in zip(calls, outputs, strict=True):
+            for k, completion_ids in enumerate(generated):
                 row = k // num_samples
                 results[rows[row]].append(
                     completion_from_ids(
@@ -216,8 +237,8 @@ class Policies:
                 )
         return results
 
-    @torch.inference_mode()
-    def _generate(
+    @contextlib.contextmanager
+    def _generation(
         self,
         backend: _Backend,
         agents: list[str],
@@ -225,8 +246,10 @@ class Policies:
         num_samples: int,
         params: SamplingParams,
         sample_seeds: Sequence[int] | None = None,
-    ) -> list[list[int]]:
-        """Sample ``num_samples`` continuations of each prompt, rows grouped by prompt.
+    ) -> Iterator[Callable[[], list[list[int]]]]:
+        """Prepares sampling ``num_samples`` continuations of each prompt and yields the
+        decode loop, which returns their token ids, rows grouped by prompt. Call it within
+        the block, from any thread.
 
         The G samples of a prompt share its prefill: the prompt minus its last token is run
         once. Decoding is our own loop rather than ``generate``: a forward, our sampler, and
@@ -238,47 +261,51 @@ class Policies:
         keys/values are written in place, with the weights packed for oneDNN (1.6-3.8x
         faster products at a decode step's few rows on CPU; ``onednn``).
         """
-        input_ids, attention_mask, width = backend.pad_batch(prompts)
-        rows = len(prompts) * num_samples
-        row_agents = [a for a in agents for _ in range(num_samples)]
-        network, head = backend.split(backend.model)
-        mask = torch.ones(
-            rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
-        )
-        mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
-        positions = _position_ids(mask[:, :width])
-        step_ids = input_ids.repeat_interleave(num_samples, dim=0)
-        prefix_mask = attention_mask[:, :-1]
-        fused = width > 1 and llama_decode_supported(network, head, prefix_mask, backend.router)
-        prefix = None
-        # the fused step packs its own (concatenated) weights; the prefill's many rows run
-        # as fast on the plain ones
-        with onednn_linears(backend.model, pack_rows=None if fused else rows):
-            if width > 1 and (num_samples > 1 or fused):
-                with backend.routed(agents):
-                    output = _last_position_pass(network, head, input_ids[:, :-1], prefix_mask)
-                prefix = _output_cache(output)
-                del output
-                step_ids, positions = step_ids[:, -1:], positions[:, -1:]
-            with backend.routed(row_agents):
-                if fused:
-                    forward = LlamaDecodeStep(
-                        network,
-                        head,
-                        prefix,
-                        prefix_mask,
-                        num_samples,
-                        params.max_new_tokens,
-                        backend.router,
-                        [backend.adapter[a] for a in row_agents],
-                    ).step
-                else:
-                    forward = _static_cache_forward(
-                        backend, network, head, mask, prefix, num_samples
+        with torch.inference_mode():
+            input_ids, attention_mask, width = backend.pad_batch(prompts)
+            rows = len(prompts) * num_samples
+            row_agents = [a for a in agents for _ in range(num_samples)]
+            network, head = backend.split(backend.model)
+            mask = torch.ones(
+                rows, width + params.max_new_tokens, dtype=torch.long, device=input_ids.device
+            )
+            mask[:, :width] = attention_mask.repeat_interleave(num_samples, dim=0)
+            positions = _position_ids(mask[:, :width])
+            step_ids = input_ids.repeat_interleave(num_samples, dim=0)
+            prefix_mask = attention_mask[:, :-1]
+            fused = width > 1 and llama_decode_supported(network, head, prefix_mask, backend.router)
+            prefix = None
+            # the fused step packs its own (concatenated) weights; the prefill's many rows run
+            # as fast on the plain ones
+            with onednn_linears(backend.model, pack_rows=None if fused else rows):
+                if width > 1 and (num_samples > 1 or fused):
+                    with backend.routed(agents):
+                        output = _last_position_pass(network, head, input_ids[:, :-1], prefix_mask)
+                    prefix = _output_cache(output)
+                    del output
+                    step_ids, positions = step_ids[:, -1:], positions[:, -1:]
+                with backend.routed(row_agents):
+                    if fused:
+                        forward = LlamaDecodeStep(
+                            network,
+                            head,
+                            prefix,
+                            prefix_mask,
+                            num_samples,
+                            params.max_new_tokens,
+                            backend.router,
+                            [backend.adapter[a] for a in row_agents],
+                        ).step
+                    else:
+                        forward = _static_cache_forward(
+                            backend, network, head, mask, prefix, num_samples
+                        )
+                    del prefix  # the static cache holds copies; the fused step, the tensors
+                    yield functools.partial(
+                        self._decode, backend, forward, step_ids, positions, params, sample_seeds
                     )
-                del prefix  # the static cache holds copies; the fused step, the tensors
-                return self._decode(backend, forward, step_ids, positions, params, sample_seeds)
 
+    @torch.inference_mode()
     def _decode(self, backend, forward, step_ids, positions, params, sample_seeds):
         """The sampling loop: ``forward(ids, positions)`` gives the next-token logits."""
         rows = len(step_ids)

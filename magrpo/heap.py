@@ -21,6 +21,7 @@ import ctypes
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 _INT_MAX = 2**31 - 1
 
 
@@ -39,15 +40,21 @@ _keeping = False
 def keep_freed_memory() -> bool:
     """From now on, keep freed memory in the process for the next allocations.
 
-    Large allocations come from the heap instead of their own mappings, and the heap is no
-    longer trimmed, so sampling and the update reuse each other's pages. Resident memory
-    then stays at its high-water mark (plus some fragmentation). Process-wide and not undone.
+    Large allocations come from the heap instead of their own mappings, the heap is no
+    longer trimmed, and threads share one heap (glibc gives each thread that allocates its
+    own otherwise, whose freed memory only that thread reuses), so sampling, which may run
+    in worker threads (``threads``), and the update reuse each other's pages. Resident
+    memory then stays at its high-water mark (plus some fragmentation). Process-wide and
+    not undone.
     Returns whether it took effect (False without glibc).
     """
     global _keeping
     if _LIBC is None:
         return False
-    _keeping = bool(_LIBC.mallopt(_M_MMAP_MAX, 0) and _LIBC.mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
+    _keeping = all(
+        _LIBC.mallopt(option, value)
+        for option, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX), (_M_ARENA_MAX, 1))
+    )
     return _keeping
 
 

@@ -72,6 +72,37 @@ def test_seeded_samples_do_not_depend_on_the_batch(policies):
 
 
 @pytest.mark.usefixtures("decode_path")
+def test_models_sampled_side_by_side_draw_what_they_draw_alone(tiny_model_path, monkeypatch):
+    """Separate models (full fine-tuning) with seeds decode in worker threads, one torch
+    thread each: the samples are those of each model sampled on its own."""
+    import magrpo.agents
+
+    torch.manual_seed(0)
+    full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
+    with torch.no_grad():  # two different models
+        next(full.backends[1].model.parameters()).add_(0.5)
+    calls = []
+    run = magrpo.agents.run_side_by_side
+    monkeypatch.setattr(
+        magrpo.agents, "run_side_by_side", lambda jobs: calls.append(1) or run(jobs)
+    )
+    hot = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
+    requests = [("alice", "say words"), ("bob", "a longer task prompt here")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = full.sample(requests, 3, hot, [5, 6])
+        assert torch.get_num_threads() == 2  # the workers' shares did not leak out
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [1]
+    alone = [full.sample([r], 3, hot, [s])[0] for r, s in zip(requests, [5, 6], strict=True)]
+    assert calls == [1]  # one model per call: nothing to run side by side
+    for joint, single in zip(together, alone, strict=True):
+        assert [c.completion_ids for c in joint] == [c.completion_ids for c in single]
+
+
+@pytest.mark.usefixtures("decode_path")
 def test_shared_prefill_generation_equals_plain_generate(policies):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths
