@@ -4,12 +4,16 @@ forward, in ``Policies.sample``, on CPU.
     .venv/bin/python benchmarks/decode_step.py                      # SmolLM2-135M (Llama)
     .venv/bin/python benchmarks/decode_step.py --architecture qwen2 # random Qwen2, same shape
     .venv/bin/python benchmarks/decode_step.py --finetune full --repeats 6
+    .venv/bin/python benchmarks/decode_step.py --finetune full --against one-at-a-time
 
 Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
 alternate in one process (same prompts, same seeds, so the same work), after one warm-up
 call each. ``--architecture qwen2`` builds a randomly initialised Qwen2 with SmolLM2-135M's
 shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a decode step
-depends on the shapes, not on the weights' values. Prints seconds per ``sample`` call.
+depends on the shapes, not on the weights' values. ``--against one-at-a-time`` (full
+fine-tuning: one model per agent) measures instead the two models decoding side by side,
+one share of the threads each (``magrpo/threads.py``), against one model after the other,
+both with the fused step. Prints seconds per ``sample`` call.
 """
 
 from __future__ import annotations
@@ -73,7 +77,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--against",
+        choices=("transformers", "one-at-a-time"),
+        default="transformers",
+        help="the fused step against transformers' forward, or (--finetune full) models "
+        "decoding side by side against one after the other",
+    )
     args = parser.parse_args()
+    if args.against == "one-at-a-time" and args.finetune != "full":
+        parser.error("--against one-at-a-time needs --finetune full (one model per agent)")
     torch.set_num_threads(args.threads)
     model = args.model or str(resolve_model(None))
     with tempfile.TemporaryDirectory() as scratch:
@@ -88,9 +101,15 @@ def main() -> None:
         )
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
         supported = agents_module.llama_decode_supported
+        side_by_side = agents_module.run_side_by_side
 
-        def sample(fused: bool) -> float:
+        def sample(new: bool) -> float:
+            """One ``sample`` call: the new way (fused step, models side by side) or the old."""
+            fused = new or args.against != "transformers"
             agents_module.llama_decode_supported = supported if fused else (lambda *_, **__: False)
+            agents_module.run_side_by_side = (
+                side_by_side if new or args.against == "transformers" else _one_at_a_time
+            )
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -99,17 +118,27 @@ def main() -> None:
         try:
             sample(True), sample(False)  # warm-up
             for _ in range(args.repeats):
-                for fused in (True, False):
-                    times[fused].append(sample(fused))
+                for new in (True, False):
+                    times[new].append(sample(new))
         finally:
             agents_module.llama_decode_supported = supported
-    fused, plain = statistics.median(times[True]), statistics.median(times[False])
+            agents_module.run_side_by_side = side_by_side
+    new, old = statistics.median(times[True]), statistics.median(times[False])
+    new_name, old_name = (
+        ("fused step", "transformers' forward")
+        if args.against == "transformers"
+        else ("models side by side", "one at a time")
+    )
     print(
         f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "
-        f"{args.max_new_tokens} tokens: fused step {fused:.2f} s per sample call, "
-        f"transformers' forward {plain:.2f} s, {plain / fused:.2f}x "
+        f"{args.max_new_tokens} tokens: {new_name} {new:.2f} s per sample call, "
+        f"{old_name} {old:.2f} s, {old / new:.2f}x "
         f"(runs: {[round(t, 2) for t in times[True]]} / {[round(t, 2) for t in times[False]]})"
     )
+
+
+def _one_at_a_time(jobs):
+    return [job() for job in jobs]
 
 
 if __name__ == "__main__":

@@ -40,12 +40,11 @@ _keeping = False
 def keep_freed_memory() -> bool:
     """From now on, keep freed memory in the process for the next allocations.
 
-    Large allocations come from the heap instead of their own mappings, the heap is no
-    longer trimmed, and threads share one heap (glibc gives each thread that allocates its
-    own otherwise, whose freed memory only that thread reuses), so sampling, which may run
-    in worker threads (``threads``), and the update reuse each other's pages. Resident
-    memory then stays at its high-water mark (plus some fragmentation). Process-wide and
-    not undone.
+    Large allocations come from the heap instead of their own mappings and the heap is no
+    longer trimmed, so sampling and the update reuse each other's pages. New threads (the
+    decode workers of ``threads``) get no heaps ("arenas") of their own, whose freed memory
+    only they would reuse. Resident memory then stays at its high-water mark (plus some
+    fragmentation). Process-wide and not undone.
     Returns whether it took effect (False without glibc).
     """
     global _keeping
