@@ -187,13 +187,14 @@ class Policies:
         params: SamplingParams,
         seeds: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """``num_samples`` completions per (agent, observation); one generate call per model.
+        """``num_samples`` completions per (agent, observation); one decode loop per model.
 
         ``seeds`` (one per request) make each request's samples a function of its seed
-        alone, not of the batch it shares; None draws from torch's global generator.
+        alone, not of the batch it shares; None draws from torch's global generator. With
+        seeds, separate models on the CPU decode side by side.
         """
         results: list[list[Completion]] = [[] for _ in requests]
-        calls = []  # (backend, rows, agents, prompts, seeds): one generate call per model
+        calls = []  # (backend, rows, agents, prompts, seeds): one per model
         for backend in self.backends:
             rows = [i for i, (agent, _) in enumerate(requests) if agent in backend.adapter]
             if not rows:
