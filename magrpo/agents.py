@@ -161,9 +161,12 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 class Policies:
     """The agents' policies. Build with :func:`load_policies` (or directly from models)."""
 
-    def __init__(self, backends: list[_Backend], use_chat_template: bool = True):
+    def __init__(
+        self, backends: list[_Backend], use_chat_template: bool = True, side_by_side: bool = True
+    ):
         self.backends = backends
         self.use_chat_template = use_chat_template
+        self.side_by_side = side_by_side  # seeded sampling of separate CPU models (``sample``)
         self.backend_of = {agent: b for b in backends for agent in b.agents}
         self.agents = [agent for b in backends for agent in b.agents]
 
@@ -191,7 +194,8 @@ class Policies:
 
         ``seeds`` (one per request) make each request's samples a function of its seed
         alone, not of the batch it shares; None draws from torch's global generator. With
-        seeds, separate models on the CPU decode side by side.
+        seeds, separate models on the CPU decode side by side if ``side_by_side`` (every
+        model's decoding state, e.g. its packed weights, is then held at once).
         """
         results: list[list[Completion]] = [[] for _ in requests]
         calls = []  # (backend, rows, agents, prompts, seeds): one per model
@@ -212,7 +216,8 @@ class Policies:
         # per-row seeds: draws from torch's global generator would depend on the interleaving.
         # Each model is prepared (prefill, packed weights) in this thread, so the large
         # allocations stay in the heap that the update reuses (``heap``).
-        if len(calls) > 1 and seeds is not None and all(b.device.type == "cpu" for b, *_ in calls):
+        cpu = all(b.device.type == "cpu" for b, *_ in calls)
+        if self.side_by_side and len(calls) > 1 and seeds is not None and cpu:
             with contextlib.ExitStack() as stack:
                 loops = [
                     stack.enter_context(self._generation(backend, a, p, num_samples, params, s))

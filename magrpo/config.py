@@ -230,6 +230,14 @@ class MAGRPOConfig:
             "between phases, 'auto': keep for --finetune full, release for LoRA."
         ),
     )
+    sample_side_by_side: bool = field(
+        default=True,
+        metadata=_help(
+            "CPU, one model per agent (--finetune full or --models): the models decode at "
+            "the same time, each on its share of the threads (faster; every model's packed "
+            "decode weights are held at once instead of one model's)."
+        ),
+    )
     progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
 
     # ---------------------------------------------------------------------------------------

@@ -187,6 +187,7 @@ class MAGRPOTrainer:
         set_seed(config.seed)
         self.model_paths: list[str] = []  # filled when the trainer loads the models itself
         self.policies = policies or self._load_policies(model_resolver)
+        self.policies.side_by_side = config.sample_side_by_side
         missing = [a for a in self.agents if a not in self.policies.backend_of]
         if missing:
             raise ConfigError(
