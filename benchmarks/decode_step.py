@@ -12,8 +12,8 @@ call each. ``--architecture qwen2`` builds a randomly initialised Qwen2 with Smo
 shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a decode step
 depends on the shapes, not on the weights' values. ``--against one-at-a-time`` (full
 fine-tuning: one model per agent) measures instead the two models decoding side by side,
-one share of the threads each (``magrpo/threads.py``), against one model after the other,
-both with the fused step. Prints seconds per ``sample`` call.
+one share of the threads each (``magrpo/threads.py``), against one model after the other
+(``Policies.side_by_side`` off), both with the fused step. Prints seconds per ``sample`` call.
 """
 
 from __future__ import annotations
@@ -101,15 +101,12 @@ def main() -> None:
         )
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
         supported = agents_module.llama_decode_supported
-        side_by_side = agents_module.run_side_by_side
 
         def sample(new: bool) -> float:
             """One ``sample`` call: the new way (fused step, models side by side) or the old."""
             fused = new or args.against != "transformers"
             agents_module.llama_decode_supported = supported if fused else (lambda *_, **__: False)
-            agents_module.run_side_by_side = (
-                side_by_side if new or args.against == "transformers" else _one_at_a_time
-            )
+            policies.side_by_side = new or args.against == "transformers"
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -122,7 +119,6 @@ def main() -> None:
                     times[new].append(sample(new))
         finally:
             agents_module.llama_decode_supported = supported
-            agents_module.run_side_by_side = side_by_side
     new, old = statistics.median(times[True]), statistics.median(times[False])
     new_name, old_name = (
         ("fused step", "transformers' forward")
@@ -135,10 +131,6 @@ def main() -> None:
         f"{old_name} {old:.2f} s, {old / new:.2f}x "
         f"(runs: {[round(t, 2) for t in times[True]]} / {[round(t, 2) for t in times[False]]})"
     )
-
-
-def _one_at_a_time(jobs):
-    return [job() for job in jobs]
 
 
 if __name__ == "__main__":
