@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 DATA = Path(__file__).parent / "data"
 SHARED_COOPHUMANEVAL = (
@@ -15,3 +16,12 @@ def coophumaneval_file() -> Path:
     if not SHARED_COOPHUMANEVAL.exists():
         pytest.skip(f"CoopHumanEval test data not found at {SHARED_COOPHUMANEVAL}")
     return SHARED_COOPHUMANEVAL
+
+
+@pytest.fixture
+def torch_threads():
+    """``torch.set_num_threads`` for one test; the count is restored after it (it is
+    process-wide for the calling thread, and a trainer's ``torch_threads`` sets it too)."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

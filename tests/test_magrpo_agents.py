@@ -72,7 +72,9 @@ def test_seeded_samples_do_not_depend_on_the_batch(policies):
 
 
 @pytest.mark.usefixtures("decode_path")
-def test_models_sampled_side_by_side_draw_what_they_draw_alone(tiny_model_path, monkeypatch):
+def test_models_sampled_side_by_side_draw_what_they_draw_alone(
+    tiny_model_path, monkeypatch, torch_threads
+):
     """Separate models (full fine-tuning) with seeds decode in worker threads, one torch
     thread each: the samples are those of each model sampled on its own."""
     import magrpo.agents
@@ -88,13 +90,9 @@ def test_models_sampled_side_by_side_draw_what_they_draw_alone(tiny_model_path, 
     )
     hot = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
     requests = [("alice", "say words"), ("bob", "a longer task prompt here")]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        together = full.sample(requests, 3, hot, [5, 6])
-        assert torch.get_num_threads() == 2  # the workers' shares did not leak out
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(2)
+    together = full.sample(requests, 3, hot, [5, 6])
+    assert torch.get_num_threads() == 2  # the workers' shares did not leak out
     assert calls == [1]
     alone = [full.sample([r], 3, hot, [s])[0] for r, s in zip(requests, [5, 6], strict=True)]
     assert calls == [1]  # one model per call: nothing to run side by side

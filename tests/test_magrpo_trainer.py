@@ -139,23 +139,19 @@ def test_full_finetune_cross_clip_kl(tmp_path, tiny_model_path):  # noqa: F811
     assert (tmp_path / "full" / "models" / "alice" / "config.json").is_file()
 
 
+@pytest.mark.usefixtures("torch_threads")  # the trainers set 2 threads; restored after
 def test_models_sampled_side_by_side_train_as_one_at_a_time(tmp_path, tiny_model_path):  # noqa: F811
     """Full fine-tuning on 2 threads: the two models decoding side by side (the default)
     draw the same samples as one after the other, so training ends at the same weights."""
-    threads = torch.get_num_threads()
     weights = {}
-    try:
-        for side_by_side in (True, False):
-            config = make_config(
-                tmp_path / str(side_by_side), tiny_model_path, finetune="full", max_steps=2,
-                eval_interval=0, save_interval=0, torch_threads=2,
-                sample_side_by_side=side_by_side,
-            )  # fmt: skip
-            trainer, _ = run(config)
-            assert trainer.policies.side_by_side is side_by_side
-            weights[side_by_side] = trainable(trainer)
-    finally:
-        torch.set_num_threads(threads)
+    for side_by_side in (True, False):
+        config = make_config(
+            tmp_path / str(side_by_side), tiny_model_path, finetune="full", max_steps=2,
+            eval_interval=0, save_interval=0, torch_threads=2, sample_side_by_side=side_by_side,
+        )  # fmt: skip
+        trainer, _ = run(config)
+        assert trainer.policies.side_by_side is side_by_side
+        weights[side_by_side] = trainable(trainer)
     for agent, params in weights[True].items():
         for name, value in params.items():
             assert torch.equal(value, weights[False][agent][name]), (agent, name)

@@ -8,13 +8,6 @@ import torch
 from magrpo.threads import run_side_by_side
 
 
-@pytest.fixture
-def torch_threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _where():
     return threading.get_ident(), torch.get_num_threads()
 
