@@ -42,6 +42,7 @@ from magrpo.rollout import Completion, derive_seed
 from magrpo.sampling import row_generators, sample_tokens
 from magrpo.swiglu import lean_swiglu
 from magrpo.threads import run_side_by_side
+from magrpo.tied_weights import TiedGradient, tied_gradient, tied_lookup
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +376,8 @@ class Policies:
         ):
             network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
-            prompt_embeds, target_embeds = _embed_together(network, prompt_ids, targets)
+            tied = tied_gradient(network.get_input_embeddings(), head)
+            prompt_embeds, target_embeds = _embed_together(network, prompt_ids, targets, tied)
             with backend.routed([a for a, _ in unique], reference):
                 prompt_out = _last_position_pass(network, head, prompt_embeds, prompt_mask)
             cache = _output_cache(prompt_out)
@@ -399,7 +401,7 @@ class Policies:
             real = mask.bool()
             logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
             logprobs = logprobs.masked_scatter(
-                real, linear_token_logprobs(hidden[real], head.weight, targets[real])
+                real, linear_token_logprobs(hidden[real], head.weight, targets[real], tied)
             )
         return LogprobBatch(logprobs, mask)
 
@@ -447,16 +449,17 @@ class Policies:
 
 
 def _embed_together(
-    network, prompt_ids: torch.Tensor, target_ids: torch.Tensor
+    network, prompt_ids: torch.Tensor, target_ids: torch.Tensor, tied: TiedGradient | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The input embeddings of the prompts [P, Lp] and the completions [B, W], looked up in
     one call: when the embedding is trained (full fine-tuning), its backward then makes one
     dense [vocab, hidden] gradient instead of one per pass (113 MB each for SmolLM2 in
-    float32, each zero-filled and then added to the other)."""
+    float32, each zero-filled and then added to the other). ``tied``: the output layer's
+    gradient takes the lookup's rows instead (``magrpo.tied_weights``)."""
     ids = torch.cat([prompt_ids.reshape(-1), target_ids.reshape(-1)])
-    prompts, targets = network.get_input_embeddings()(ids).split(
-        [prompt_ids.numel(), target_ids.numel()]
-    )
+    embedding = network.get_input_embeddings()
+    looked_up = embedding(ids) if tied is None else tied_lookup(embedding, ids, tied)
+    prompts, targets = looked_up.split([prompt_ids.numel(), target_ids.numel()])
     return prompts.view(*prompt_ids.shape, -1), targets.view(*target_ids.shape, -1)
 
 

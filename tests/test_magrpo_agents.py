@@ -159,12 +159,18 @@ def test_logprobs_equal_a_plain_forward_with_peft_adapter(policies):
         assert not batch.logprobs[row, length:].any()
 
 
-def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path):
+def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path, monkeypatch):
     """Every weight's gradient of the log-probs, the tied embedding's included (one lookup
-    for prompts and completions, the output layer's gradient written chunk by chunk),
-    against plain autograd through transformers' forward and a log-softmax."""
+    for prompts and completions, the output layer's gradient written slice by slice and
+    handed to the lookup), against plain autograd through transformers' forward and a
+    log-softmax."""
     from transformers import AutoModelForCausalLM
 
+    import magrpo.agents as agents
+
+    lookups = []
+    tied_lookup = agents.tied_lookup
+    monkeypatch.setattr(agents, "tied_lookup", lambda *a: lookups.append(1) or tied_lookup(*a))
     full = load_policies(["alice"], [tiny_model_path], finetune="full")
     model = full.backends[0].model
     eos = full.backends[0].tokenizer.eos_token_id
@@ -175,6 +181,7 @@ def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path):
         Completion("alice", "", prompts[0], [15, 16, 17], False),
     ]
     (full.logprobs(completions).logprobs.sum() * 0.5).backward()
+    assert lookups == [1]  # the tied weight's one gradient buffer
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     assert plain.get_input_embeddings().weight is plain.get_output_embeddings().weight  # tied
     total = 0.0
@@ -203,6 +210,27 @@ def test_chunked_output_layer_gradients_match_full_logits(monkeypatch):
     chunked = losses.linear_token_logprobs(hidden, weight, targets)
     full = losses.token_logprobs(hidden @ weight.T, targets)
     assert torch.allclose(chunked, full, atol=1e-6)
+
+
+def test_chunked_output_layer_in_bfloat16_stays_within_its_precision(monkeypatch):
+    """Lower-precision weights: the logits' gradients are rounded to bfloat16 before the
+    products, and each vocabulary slice's weight gradient is written in bfloat16."""
+    import magrpo.losses as losses
+
+    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # several slices
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    losses.token_logprobs(hidden @ weight.T, targets).sum().backward()
+    low = [t.detach().bfloat16().requires_grad_() for t in (hidden, weight)]
+    out = losses.linear_token_logprobs(*low, targets)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    for have, want in zip(low, (hidden, weight), strict=True):
+        assert have.grad.dtype == torch.bfloat16
+        error = (have.grad.double() - want.grad).abs().max() / want.grad.abs().max()
+        assert error < 2e-2
 
 
 def test_chat_template_and_eos(policies):
