@@ -11,11 +11,12 @@ completion: measured 0.12-0.15 GB of a LoRA step's peak at G = 4, and the kernel
 on the smaller tensors.
 
 In bfloat16 (and float16) with gradients, the CPU flash kernel's backward is slow: 4.3-8.0
-ms per SmolLM2 layer where two batched products and a softmax take 1.7-3.6 ms (measured on
-the training pass's shapes, 2 threads). There :class:`MatmulAttention` computes attention
-as transformers' eager attention does (scores in the input's precision), with all of a
-key/value head's query heads in one product, and recomputes the probabilities in backward
-instead of keeping them, so it saves what the flash kernel saves. It is used while the
+ms per SmolLM2 layer call, where the batched products below, probabilities recomputed, take
+1.7-4.8 ms (the training pass's shapes, 2 threads; docs/benchmarks.md, fix 20). There
+:class:`MatmulAttention` computes attention as transformers' eager attention does (scores
+in the input's precision), with all of a key/value head's query heads in one product, and
+recomputes the probabilities in backward instead of keeping them, so it saves what the
+flash kernel saves. It is used while the
 score tensor stays small (``MATMUL_SCORES``); long sequences keep the flash kernel, which
 never holds all scores at once.
 
@@ -56,7 +57,8 @@ class MatmulAttention(torch.autograd.Function):
         grad_value = torch.matmul(probs.transpose(-1, -2), grad_output)
         grad_probs = torch.matmul(grad_output, value.transpose(-1, -2))
         # the softmax's own backward (what autograd runs for torch.softmax); masked scores
-        # are constants, so no gradient reaches them (rows that see no key are not all 0)
+        # are constants, so no gradient reaches them (rows that see no key have uniform
+        # probabilities, whose gradients would not vanish by themselves)
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         _mask_scores(grad_scores, query, keep, 0.0).mul_(ctx.scale)
         grad_query = torch.matmul(grad_scores, key).view(query.shape)
