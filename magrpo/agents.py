@@ -376,8 +376,9 @@ class Policies:
         ):
             network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
-            tied = tied_gradient(network.get_input_embeddings(), head)
-            prompt_embeds, target_embeds = _embed_together(network, prompt_ids, targets, tied)
+            embedding = network.get_input_embeddings()
+            tied = tied_gradient(embedding, head)
+            prompt_embeds, target_embeds = _embed_together(embedding, prompt_ids, targets, tied)
             with backend.routed([a for a, _ in unique], reference):
                 prompt_out = _last_position_pass(network, head, prompt_embeds, prompt_mask)
             cache = _output_cache(prompt_out)
@@ -449,7 +450,10 @@ class Policies:
 
 
 def _embed_together(
-    network, prompt_ids: torch.Tensor, target_ids: torch.Tensor, tied: TiedGradient | None
+    embedding: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    target_ids: torch.Tensor,
+    tied: TiedGradient | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The input embeddings of the prompts [P, Lp] and the completions [B, W], looked up in
     one call: when the embedding is trained (full fine-tuning), its backward then makes one
@@ -457,7 +461,6 @@ def _embed_together(
     float32, each zero-filled and then added to the other). ``tied``: the output layer's
     gradient takes the lookup's rows instead (``magrpo.tied_weights``)."""
     ids = torch.cat([prompt_ids.reshape(-1), target_ids.reshape(-1)])
-    embedding = network.get_input_embeddings()
     looked_up = embedding(ids) if tied is None else tied_lookup(embedding, ids, tied)
     prompts, targets = looked_up.split([prompt_ids.numel(), target_ids.numel()])
     return prompts.view(*prompt_ids.shape, -1), targets.view(*target_ids.shape, -1)
