@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
+from magrpo.activation_checkpointing import checkpointed_layers
 from magrpo.grouped_attention import use_grouped_attention
 from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
 from magrpo.lora_routing import AdapterRouter
@@ -168,6 +169,7 @@ class Policies:
         self.backends = backends
         self.use_chat_template = use_chat_template
         self.side_by_side = side_by_side  # seeded sampling of separate CPU models (``sample``)
+        self.gradient_checkpointing = False  # in the log-prob pass (``activation_checkpointing``)
         self.backend_of = {agent: b for b in backends for agent in b.agents}
         self.agents = [agent for b in backends for agent in b.agents]
 
@@ -230,6 +232,7 @@ class Policies:
             for backend, _, a, p, s in calls:
                 with self._generation(backend, a, p, num_samples, params, s) as loop:
                     outputs.append(loop())
+                del loop  # it holds the model's decoding state: gone before the next packs
         for (backend, rows, agents, prompts, _), generated in zip(calls, outputs, strict=True):
             for k, completion_ids in enumerate(generated):
                 row = k // num_samples
@@ -368,23 +371,18 @@ class Policies:
         lengths = torch.tensor([len(c.completion_ids) for c in completions], device=device)
         mask = completion_mask(targets, lengths)
         grad = torch.no_grad() if reference else contextlib.nullcontext()
-        with (
-            grad,
-            self._reference_context(backend, reference) as model,
-            onednn_linears(model),
-            lean_swiglu(model),
-        ):
+        with grad, self._reference_context(backend, reference) as model:
             network, head = backend.split(model)
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
             embedding = network.get_input_embeddings()
             tied = tied_gradient(embedding, head)
             prompt_embeds, target_embeds = _embed_together(embedding, prompt_ids, targets, tied)
-            with backend.routed([a for a, _ in unique], reference):
+            with self._logprob_pass(backend, model, [a for a, _ in unique], reference):
                 prompt_out = _last_position_pass(network, head, prompt_embeds, prompt_mask)
             cache = _output_cache(prompt_out)
             cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
             prompt_mask = prompt_mask[rows]
-            with backend.routed(agents, reference):
+            with self._logprob_pass(backend, model, agents, reference):
                 output = network(
                     inputs_embeds=target_embeds,
                     attention_mask=torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
@@ -405,6 +403,27 @@ class Policies:
                 real, linear_token_logprobs(hidden[real], head.weight, targets[real], tied)
             )
         return LogprobBatch(logprobs, mask)
+
+    @contextlib.contextmanager
+    def _logprob_pass(
+        self, backend: _Backend, model, agents: Sequence[str], reference: bool
+    ) -> Iterator[None]:
+        """The blocks one forward of the log-prob pass runs in: its rows routed to
+        ``agents``' adapters, linears through oneDNN, lean SwiGLU MLPs; and, with
+        ``gradient_checkpointing``, its decoder layers checkpointed (a replayed layer enters
+        the same blocks again, as they have ended when the backward runs)."""
+
+        @contextlib.contextmanager
+        def forwards() -> Iterator[None]:
+            with backend.routed(agents, reference), onednn_linears(model), lean_swiglu(model):
+                yield
+
+        with forwards():
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                with checkpointed_layers(model, forwards):
+                    yield
+            else:
+                yield
 
     @contextlib.contextmanager
     def _reference_context(self, backend: _Backend, reference: bool) -> Iterator[torch.nn.Module]:

@@ -181,6 +181,21 @@ class MAGRPOConfig:
             "group_size runs each group's shared prompt once."
         ),
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=_help(
+            "Keep only each decoder layer's input for backward and run the layer again there: "
+            "much less memory in the update, for one more forward of the model."
+        ),
+    )
+    optimizer_in_backward: bool = field(
+        default=False,
+        metadata=_help(
+            "Step each weight inside the backward, as soon as its gradient is complete, and "
+            "free that gradient: no model-sized gradient buffer. Needs max_grad_norm None and "
+            "one process; saves memory when a model's samples fit one micro-batch."
+        ),
+    )
     seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
     generation_backend: str = field(
         default="hf",
@@ -227,7 +242,8 @@ class MAGRPOConfig:
         metadata=_help(
             "CPU training: 'keep' freed memory for the next step (no page faults on its "
             "gradients and packed weights; higher resident memory), 'release' it to the OS "
-            "between phases, 'auto': keep for --finetune full, release for LoRA."
+            "between phases, 'auto': keep for --finetune full (release with "
+            "--gradient-checkpointing or --optimizer-in-backward), release for LoRA."
         ),
     )
     sample_side_by_side: bool = field(
@@ -300,6 +316,13 @@ class MAGRPOConfig:
             raise bad("clip_epsilon", self.clip_epsilon, "a positive number or None")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise bad("max_grad_norm", self.max_grad_norm, "a positive number or None")
+        if self.optimizer_in_backward and self.max_grad_norm is not None:
+            raise ConfigError(
+                f"optimizer_in_backward steps each weight before the other weights' gradients "
+                f"exist, so their norm cannot be clipped to max_grad_norm={self.max_grad_norm}: "
+                "set max_grad_norm to None (--max-grad-norm none) or turn "
+                "optimizer_in_backward off."
+            )
         if self.max_steps is None and self.num_epochs is None:
             raise bad("max_steps", None, "a step count, or set num_epochs")
         if self.max_steps is not None and self.max_steps < 1:

@@ -23,6 +23,7 @@ Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 from magrpo.advantages import compute_advantages
 from magrpo.agents import Policies, SamplingParams, load_policies
 from magrpo.checkpoint import (
@@ -55,6 +57,7 @@ from magrpo.distributed import DataParallel
 from magrpo.heap import keep_freed_memory
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
+from magrpo.optimizer_in_backward import BackwardSteps
 from magrpo.rollout import Completion, RolloutResult, run_rollout
 
 logger = logging.getLogger(__name__)
@@ -188,6 +191,13 @@ class MAGRPOTrainer:
         self.model_paths: list[str] = []  # filled when the trainer loads the models itself
         self.policies = policies or self._load_policies(model_resolver)
         self.policies.side_by_side = config.sample_side_by_side
+        if config.gradient_checkpointing:
+            for backend in self.policies.backends:
+                try:
+                    decoder_layers(backend.model)
+                except CheckpointingUnsupported as error:
+                    raise ConfigError(str(error)) from None
+            self.policies.gradient_checkpointing = True
         missing = [a for a in self.agents if a not in self.policies.backend_of]
         if missing:
             raise ConfigError(
@@ -209,7 +219,20 @@ class MAGRPOTrainer:
             )
             for agent in self.agents
         }
-        if _keeps_freed_memory(config.cpu_heap, self.policies):
+        self.backward_steps = {}
+        if config.optimizer_in_backward:
+            if self.parallel.world_size > 1:
+                raise ConfigError(
+                    f"optimizer_in_backward steps each weight inside the backward, before the "
+                    f"{self.parallel.world_size} processes could sum its gradient: turn it off "
+                    "for data-parallel training (or train in one process)."
+                )
+            self.backward_steps = {
+                agent: BackwardSteps(getattr(optimizer, "optimizer", optimizer))
+                for agent, optimizer in self.optimizers.items()
+            }
+        saving_memory = config.gradient_checkpointing or config.optimizer_in_backward
+        if _keeps_freed_memory(config.cpu_heap, self.policies, saving_memory):
             keep_freed_memory()  # after loading: the load's temporaries still go back
         self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
         num_items = getattr(env, "num_items", None)
@@ -459,7 +482,10 @@ class MAGRPOTrainer:
                         loss = loss + agent_loss
                         if epoch == 0:
                             metrics[f"loss/{agent}"] += float(agent_loss.detach())
-                    self.accelerator.backward(loss)
+                    # with optimizer_in_backward, a model's last backward steps its weights
+                    last = b == len(batches) - 1
+                    with self._stepping_in_backward(agents) if last else contextlib.nullcontext():
+                        self.accelerator.backward(loss)
                     if epoch == 0:
                         metrics["loss"] += float(loss.detach())
                         if kl is not None:
@@ -480,6 +506,13 @@ class MAGRPOTrainer:
             metrics["kl"] = kl_sum / kl_tokens
         metrics["trained_sequences"] = trained
         return dict(metrics)
+
+    def _stepping_in_backward(self, agents: list[str]) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for agent in agents:
+            if agent in self.backward_steps:
+                stack.enter_context(self.backward_steps[agent].armed())
+        return stack
 
     def _optimizer_step(self, agent: str) -> float | None:
         """Sum the agent's gradients over processes, clip, step; returns the norm (if clipped)."""
@@ -719,12 +752,15 @@ class MAGRPOTrainer:
             self.vllm.close()
 
 
-def _keeps_freed_memory(policy: str, policies: Policies) -> bool:
+def _keeps_freed_memory(policy: str, policies: Policies, saving_memory: bool = False) -> bool:
     """``cpu_heap``: "auto" keeps freed memory when a CPU model is fully fine-tuned, whose
-    gradients and packed weights are re-allocated every step (see ``magrpo.heap``)."""
+    gradients and packed weights are re-allocated every step (see ``magrpo.heap``), unless
+    the run trades time for memory (``saving_memory``: gradient checkpointing or the
+    optimizer in backward), whose savings a kept heap would hide: it grows to the high-water
+    mark of its fragmented free space (4.9 GiB instead of 4.4, docs/benchmarks.md)."""
     on_cpu = [backend for backend in policies.backends if backend.device.type == "cpu"]
     if policy == "auto":
-        return any(backend.mode == "full" for backend in on_cpu)
+        return not saving_memory and any(backend.mode == "full" for backend in on_cpu)
     return policy == "keep" and bool(on_cpu)
 
 

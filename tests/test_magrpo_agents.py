@@ -100,6 +100,29 @@ def test_models_sampled_side_by_side_draw_what_they_draw_alone(
         assert [c.completion_ids for c in joint] == [c.completion_ids for c in single]
 
 
+def test_models_sampled_one_after_the_other_hold_one_decoding_state(tiny_model_path, monkeypatch):
+    """Without side-by-side sampling a model's decoding state (its packed weights) is gone
+    before the next model packs its own."""
+    import weakref
+
+    import magrpo.agents
+
+    full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
+    full.side_by_side = False
+    made, alive_before = [], []
+
+    class Recorded(magrpo.agents.LlamaDecodeStep):
+        def __init__(self, *args, **kwargs):
+            alive_before.append(sum(ref() is not None for ref in made))
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(magrpo.agents, "LlamaDecodeStep", Recorded)
+    hot = SamplingParams(max_new_tokens=4, temperature=1.0)
+    full.sample([("alice", "say words"), ("bob", "a task")], 2, hot, [1, 2])
+    assert alive_before == [0, 0]
+
+
 @pytest.mark.usefixtures("decode_path")
 def test_shared_prefill_generation_equals_plain_generate(policies):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)

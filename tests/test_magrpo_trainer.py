@@ -75,10 +75,18 @@ def test_train_writes_metrics_checkpoints_and_adapters(tmp_path, tiny_model_path
     assert json.loads((tmp_path / "run" / "config.json").read_text())["group_size"] == 4
 
 
-def test_resume_is_bit_identical(tmp_path, tiny_model_path):  # noqa: F811
-    straight, _ = run(make_config(tmp_path / "a", tiny_model_path, max_steps=4, save_interval=0))
-    run(make_config(tmp_path / "b", tiny_model_path, max_steps=2, save_interval=2))
-    resumed, _ = run(make_config(tmp_path / "b", tiny_model_path, max_steps=4, resume=True))
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"finetune": "full", "optimizer_in_backward": True, "max_grad_norm": None}],
+    ids=["lora", "full-optimizer-in-backward"],
+)
+def test_resume_is_bit_identical(tmp_path, tiny_model_path, changes):  # noqa: F811
+    def config(name, **more):
+        return make_config(tmp_path / name, tiny_model_path, **changes, **more)
+
+    straight, _ = run(config("a", max_steps=4, save_interval=0))
+    run(config("b", max_steps=2, save_interval=2))
+    resumed, _ = run(config("b", max_steps=4, resume=True))
     expected, got = trainable(straight), trainable(resumed)
     for agent in expected:
         for name in expected[agent]:
@@ -133,6 +141,7 @@ def test_full_finetune_cross_clip_kl(tmp_path, tiny_model_path):  # noqa: F811
     trainer, result = run(config)
     assert len(trainer.policies.backends) == 2
     assert _keeps_freed_memory("auto", trainer.policies)  # full fine-tuning keeps it
+    assert not _keeps_freed_memory("auto", trainer.policies, saving_memory=True)
     assert not _keeps_freed_memory("release", trainer.policies)
     record = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["kl"] >= 0.0
@@ -157,6 +166,26 @@ def test_models_sampled_side_by_side_train_as_one_at_a_time(tmp_path, tiny_model
             assert torch.equal(value, weights[False][agent][name]), (agent, name)
     alice, bob = weights[True]["alice"], weights[True]["bob"]
     assert any(not torch.equal(alice[n], bob[n]) for n in alice)  # trained: no longer equal
+
+
+def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # noqa: F811
+    """Full fine-tuning with activation checkpointing and the optimizer stepped inside the
+    backward (two micro-batches per model: the first accumulates, the last steps) ends at
+    the weights of the plain update, bit for bit."""
+    weights = {}
+    for saving in (False, True):
+        config = make_config(
+            tmp_path / str(saving), tiny_model_path, finetune="full", max_steps=2,
+            eval_interval=0, save_interval=0, max_grad_norm=None, micro_batch_size=2,
+            gradient_checkpointing=saving, optimizer_in_backward=saving,
+        )  # fmt: skip
+        trainer, _ = run(config)
+        assert trainer.policies.gradient_checkpointing is saving
+        assert bool(trainer.backward_steps) is saving
+        weights[saving] = trainable(trainer)
+    for agent, params in weights[False].items():
+        for name, value in params.items():
+            assert torch.equal(weights[True][agent][name], value), (agent, name)
 
 
 def test_epochs_and_data_order(tmp_path, tiny_model_path):  # noqa: F811

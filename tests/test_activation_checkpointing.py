@@ -1,0 +1,87 @@
+"""Activation checkpointing of the log-prob pass: the same log-probs and gradients as without
+it (the prompts' KV cache, routed adapters and patched forwards replayed), with a fraction of
+the saved activations."""
+
+import pytest
+import torch
+from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
+
+from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
+from magrpo.agents import load_policies
+from magrpo.rollout import Completion
+
+
+@pytest.fixture
+def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
+    return tiny_model_path_per_architecture
+
+
+def _completions(policies, agents):
+    eos = policies.backends[0].tokenizer.eos_token_id
+    prompts = [
+        policies.encode_prompt(agents[0], "say words"),
+        policies.encode_prompt(agents[-1], "a task"),
+    ]
+    return [
+        Completion(agents[0], "", prompts[0], [10, 11, 12, eos], True),
+        Completion(agents[-1], "", prompts[1], [13, 14], False),
+        Completion(agents[0], "", prompts[0], [15, 16, 17, 18, 19], False),
+    ]
+
+
+def _pass(policies, completions, checkpointing: bool):
+    """Log-probs, gradients and the bytes autograd saved for backward, in one pass."""
+    policies.gradient_checkpointing = checkpointing
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        batch = policies.logprobs(completions)
+    params = {
+        n: p for b in policies.backends for n, p in b.model.named_parameters() if p.requires_grad
+    }
+    for param in params.values():
+        param.grad = None
+    (batch.logprobs * torch.linspace(0.5, 1.5, batch.logprobs.shape[1])).sum().backward()
+    grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+    return batch.logprobs.detach(), grads, sum(saved)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_checkpointed_pass_equals_the_plain_one(tiny_model_path, finetune):
+    torch.manual_seed(0)
+    agents = ["alice"] if finetune == "full" else ["alice", "bob"]  # lora: routed shared base
+    policies = load_policies(agents, [tiny_model_path] * len(agents), finetune=finetune)
+    with torch.no_grad():  # non-trivial, different adapters
+        for name, param in policies.backends[0].model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    completions = _completions(policies, agents)
+    logprobs, grads, saved = _pass(policies, completions, checkpointing=False)
+    checkpointed, checkpointed_grads, checkpointed_saved = _pass(policies, completions, True)
+    torch.testing.assert_close(checkpointed, logprobs, rtol=0, atol=0)
+    assert grads.keys() == checkpointed_grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, rtol=1e-5, atol=1e-6)
+    # only the layers' inputs (and what is outside them) stay alive until the backward
+    assert checkpointed_saved < saved / 2
+
+
+def test_reference_pass_without_gradients_is_not_checkpointed(tiny_model_path):
+    policies = load_policies(["alice", "bob"], [tiny_model_path] * 2)
+    policies.gradient_checkpointing = True
+    completions = _completions(policies, ["alice", "bob"])
+    reference = policies.logprobs(completions, reference=True)
+    assert reference.logprobs.grad_fn is None
+    policies.gradient_checkpointing = False
+    torch.testing.assert_close(
+        policies.logprobs(completions, reference=True).logprobs, reference.logprobs
+    )
+
+
+def test_models_without_decoder_layers_are_refused():
+    with pytest.raises(CheckpointingUnsupported, match="GradientCheckpointingLayer"):
+        decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
