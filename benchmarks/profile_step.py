@@ -55,6 +55,8 @@ def build_trainer(args, output_dir: str):
         eval_interval=0, save_interval=0,
         log_backends=["jsonl"], torch_threads=args.threads, seed=args.seed,
         output_dir=output_dir, progress_bar=False,
+        gradient_checkpointing=args.gradient_checkpointing,
+        optimizer_in_backward=args.optimizer_in_backward,
     )
     return EqualWorkTrainer(config, make_env(config, args.split))
 
@@ -198,6 +200,10 @@ def parse_args(argv=None):
     p.add_argument("--num-turns", type=int, default=1)
     p.add_argument("--micro-batch-size", type=int, default=None,
                    help="Completions per forward/backward (default: the trainer's default).")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="The memory option of the same name (see README).")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="The memory option of the same name (see README).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)

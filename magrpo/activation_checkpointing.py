@@ -10,7 +10,9 @@ pass attends to and extends, so a replayed layer would find its own keys already
 Here a layer's replay first puts its cache entry back as it was before the layer ran, so the
 replay sees exactly what the forward saw. The replay also runs inside the same patched
 forwards (oneDNN linears, lean SwiGLU, LoRA routing) as the forward: those blocks have ended
-when the backward runs, so ``replay_context`` enters them again for each replayed layer.
+when the backward runs, so ``replay_context(layer)`` enters them again, for that layer's
+modules only (for the whole model, a replay's patching would cost as much as its products:
+~2 s per LoRA update on SmolLM2).
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 @contextlib.contextmanager
 def checkpointed_layers(
-    model: torch.nn.Module, replay_context: Callable[[], AbstractContextManager[Any]]
+    model: torch.nn.Module,
+    replay_context: Callable[[torch.nn.Module], AbstractContextManager[Any]],
 ) -> Iterator[None]:
     """Within the block, every forward with gradients through ``model``'s decoder layers is
-    checkpointed layer by layer. ``replay_context()``: the blocks the forward runs in
-    (patched forwards, routing), entered again around each replay."""
+    checkpointed layer by layer. ``replay_context(layer)``: the blocks the forward runs in
+    (patched forwards, routing), entered again for ``layer`` around its replay."""
     forwards = {
-        layer: functools.partial(_checkpointed, index, layer.forward, replay_context)
+        layer: functools.partial(_checkpointed, index, layer, layer.forward, replay_context)
         for index, layer in enumerate(decoder_layers(model))
         if not is_patched(layer)
     }
@@ -66,7 +69,7 @@ def checkpointed_layers(
         yield
 
 
-def _checkpointed(index, forward, replay_context, hidden_states, *args, **kwargs):
+def _checkpointed(index, layer, forward, replay_context, hidden_states, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(hidden_states, *args, **kwargs)
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -75,7 +78,7 @@ def _checkpointed(index, forward, replay_context, hidden_states, *args, **kwargs
 
     def run(hidden: torch.Tensor):
         nonlocal replay
-        with replay_context() if replay else contextlib.nullcontext():
+        with replay_context(layer) if replay else contextlib.nullcontext():
             replay = True
             _restore_cache_entry(cache, index, before)
             return forward(hidden, *args, **kwargs)

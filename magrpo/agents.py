@@ -414,11 +414,11 @@ class Policies:
         the same blocks again, as they have ended when the backward runs)."""
 
         @contextlib.contextmanager
-        def forwards() -> Iterator[None]:
-            with backend.routed(agents, reference), onednn_linears(model), lean_swiglu(model):
+        def forwards(module: torch.nn.Module) -> Iterator[None]:
+            with backend.routed(agents, reference), onednn_linears(module), lean_swiglu(module):
                 yield
 
-        with forwards():
+        with forwards(model):
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 with checkpointed_layers(model, forwards):
                     yield

@@ -24,7 +24,7 @@ class BackwardSteps:
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self._armed = False
-        self._single: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, dict]] = {}
+        self._single: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, int]] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._step)
             for group in optimizer.param_groups

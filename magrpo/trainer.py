@@ -227,6 +227,13 @@ class MAGRPOTrainer:
                     f"{self.parallel.world_size} processes could sum its gradient: turn it off "
                     "for data-parallel training (or train in one process)."
                 )
+            if getattr(self.accelerator, "scaler", None) is not None:
+                raise ConfigError(
+                    "optimizer_in_backward steps each weight with the gradient as backward "
+                    "makes it, but accelerate's float16 mixed precision scales the loss and "
+                    "unscales the gradients only before a whole-model step: launch without "
+                    "--mixed_precision fp16, or turn optimizer_in_backward off."
+                )
             self.backward_steps = {
                 agent: BackwardSteps(getattr(optimizer, "optimizer", optimizer))
                 for agent, optimizer in self.optimizers.items()
