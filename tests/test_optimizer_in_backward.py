@@ -62,16 +62,16 @@ def test_gradients_are_freed_as_the_backward_goes():
 
 
 def test_parameters_the_armed_pass_does_not_reach_keep_their_gradient():
+    """They are left for the optimizer's ordinary step; nothing is stepped outside the block."""
     model = _model()
-    optimizer = _adamw(model)
-    steps = BackwardSteps(optimizer)
-    model[1].weight.requires_grad_(False)
+    steps = BackwardSteps(_adamw(model))
+    model[3](torch.ones(2, 8)).sum().backward()  # not armed: accumulated, not stepped
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert model[3].weight.grad is not None
     with steps.armed():
         model[4](torch.ones(2, 8)).sum().backward()
-    assert model[4].weight.grad is None and model[3].weight.grad is None
-    unarmed = model[3](torch.ones(2, 8)).sum()
-    unarmed.backward()
-    assert model[3].weight.grad is not None  # outside the block nothing is stepped
+    assert model[4].weight.grad is None and not torch.equal(model[4].weight, before["4.weight"])
+    assert model[3].weight.grad is not None and torch.equal(model[3].weight, before["3.weight"])
 
 
 def test_state_survives_load_state_dict():
