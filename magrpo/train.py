@@ -82,12 +82,17 @@ def print_summary(result: TrainResult, seconds: float) -> None:
     eval_text = (
         "" if result.last_eval_reward is None else f", last eval {result.last_eval_reward:.3f}"
     )
+    loader = (  # save_final: full models under models/, adapters under adapters/
+        "transformers: AutoModelForCausalLM.from_pretrained"
+        if result.adapters_dir.name == "models"
+        else "peft: PeftModel.from_pretrained"
+    )
     lines = [
         f"MAGRPO finished: {result.steps} steps in {minutes}m{secs:02d}s",
         f"  joint reward: last {result.last_reward:.3f}, best {result.best_reward:.3f}{eval_text}",
         f"  metrics:      {result.metrics_path}",
         f"  checkpoints:  {result.output_dir / 'checkpoints'} (continue with --resume)",
-        f"  agents:       {result.adapters_dir}/<agent> (peft: PeftModel.from_pretrained)",
+        f"  agents:       {result.adapters_dir}/<agent> ({loader})",
     ]
     print("\n".join(lines), flush=True)
 

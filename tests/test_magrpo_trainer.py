@@ -306,3 +306,17 @@ def test_heterogeneous_models_with_lora_and_kl(tmp_path, tiny_model_path):  # no
     assert record["kl"] >= 0.0
     for agent in ("alice", "bob"):
         assert (tmp_path / "het" / "adapters" / agent / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("folder", "loader"),
+    [("models", "AutoModelForCausalLM.from_pretrained"), ("adapters", "PeftModel.from_pretrained")],
+)
+def test_summary_names_how_to_load_what_was_saved(capsys, tmp_path, folder, loader):
+    from magrpo.train import print_summary
+    from magrpo.trainer import TrainResult
+
+    result = TrainResult(tmp_path, 2, 0.5, 0.7, None, tmp_path / folder, tmp_path / "m.jsonl")
+    print_summary(result, 61.0)
+    out = capsys.readouterr().out
+    assert f"{tmp_path / folder}/<agent>" in out and loader in out and "1m01s" in out
