@@ -85,3 +85,20 @@ def test_reference_pass_without_gradients_is_not_checkpointed(tiny_model_path):
 def test_models_without_decoder_layers_are_refused():
     with pytest.raises(CheckpointingUnsupported, match="GradientCheckpointingLayer"):
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_a_cache_entry_made_by_the_forward_is_made_afresh_for_the_replay():
+    """A cache built without a config grows its layers lazily: the replay of the layer that
+    created entry 0 must not find it holding the forward's keys."""
+    from transformers import DynamicCache
+
+    from magrpo.activation_checkpointing import _cache_entry, _restore_cache_entry
+
+    cache = DynamicCache()
+    before = _cache_entry(cache, 0)
+    assert before is None
+    keys = torch.ones(1, 2, 3, 4)
+    cache.update(keys, keys, 0)
+    _restore_cache_entry(cache, 0, before)
+    replayed, _ = cache.update(keys, keys, 0)
+    assert replayed.shape == keys.shape  # not appended to the forward's
