@@ -12,6 +12,7 @@ gradients before any step: clipping by the global norm, summing gradients over p
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 
@@ -24,10 +25,10 @@ class BackwardSteps:
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self._armed = False
-        self._single: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, int]] = {}
+        self._single: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
         self._handles = [
-            param.register_post_accumulate_grad_hook(self._step)
-            for group in optimizer.param_groups
+            param.register_post_accumulate_grad_hook(functools.partial(self._step, index))
+            for index, group in enumerate(optimizer.param_groups)
             for param in group["params"]
         ]
 
@@ -43,32 +44,22 @@ class BackwardSteps:
         finally:
             self._armed = False
 
-    def _step(self, param: torch.nn.Parameter) -> None:
+    def _step(self, index: int, param: torch.nn.Parameter) -> None:
+        """Steps ``param``, of the optimizer's group ``index``."""
         if not self._armed:
             return
-        single, index = self._single_optimizer(param)
+        group = self.optimizer.param_groups[index]
+        single = self._single.get(param)
+        if single is None:  # an optimizer of the same class over ``param`` alone
+            kind = type(self.optimizer)
+            accepted = inspect.signature(kind).parameters  # a group also has derived keys
+            settings = {k: v for k, v in group.items() if k in accepted and k != "params"}
+            single = self._single[param] = kind([param], **settings)
         # the whole optimizer's current state and settings (``load_state_dict`` replaces both)
         single.state = self.optimizer.state
-        group = self.optimizer.param_groups[index]
         single.param_groups[0].update((k, v) for k, v in group.items() if k != "params")
         single.step()
         param.grad = None
-
-    def _single_optimizer(self, param) -> tuple[torch.optim.Optimizer, int]:
-        """An optimizer of the same class over ``param`` alone, and the index of the whole
-        optimizer's group that ``param`` belongs to."""
-        if param not in self._single:
-            index = next(
-                i
-                for i, group in enumerate(self.optimizer.param_groups)
-                if any(p is param for p in group["params"])
-            )
-            kind = type(self.optimizer)
-            accepted = inspect.signature(kind).parameters  # a group also has derived keys
-            group = self.optimizer.param_groups[index]
-            settings = {k: v for k, v in group.items() if k in accepted and k != "params"}
-            self._single[param] = (kind([param], **settings), index)
-        return self._single[param]
 
     def remove(self) -> None:
         for handle in self._handles:
