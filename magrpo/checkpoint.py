@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 STATE_FILE = "state.pt"
+# the final agents of a run: full models, or peft adapters (``MAGRPOTrainer.save_final``)
+MODELS_DIR, ADAPTERS_DIR = "models", "adapters"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 

@@ -158,13 +158,14 @@ def find_trained(path: str, agents: list[str]) -> TrainedSource:
         found = {a: folder / a for a in agents if (folder / a / marker).is_file()}
         return found if len(found) == len(agents) else None
 
-    for folder in (root / "adapters", root):
+    from magrpo.checkpoint import ADAPTERS_DIR, MODELS_DIR, STATE_FILE, latest_checkpoint
+
+    for folder in (root / ADAPTERS_DIR, root):
         if (found := per_agent(folder, "adapter_config.json")) is not None:
             return TrainedSource("peft", found, run_config)
-    for folder in (root / "models", root):
+    for folder in (root / MODELS_DIR, root):
         if (found := per_agent(folder, "config.json")) is not None:
             return TrainedSource("full", found, run_config)
-    from magrpo.checkpoint import STATE_FILE, latest_checkpoint
 
     checkpoint = root if (root / STATE_FILE).is_file() else latest_checkpoint(root)
     if checkpoint is not None:

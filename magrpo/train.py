@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from magrpo.agents import ModelLoadError
+from magrpo.checkpoint import MODELS_DIR
 from magrpo.config import ConfigError, MAGRPOConfig, config_from_args
 from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainResult
 from magrpo.vllm_sampler import VLLMUnavailableError
@@ -82,9 +83,9 @@ def print_summary(result: TrainResult, seconds: float) -> None:
     eval_text = (
         "" if result.last_eval_reward is None else f", last eval {result.last_eval_reward:.3f}"
     )
-    loader = (  # save_final: full models under models/, adapters under adapters/
+    loader = (
         "transformers: AutoModelForCausalLM.from_pretrained"
-        if result.adapters_dir.name == "models"
+        if result.adapters_dir.name == MODELS_DIR
         else "peft: PeftModel.from_pretrained"
     )
     lines = [

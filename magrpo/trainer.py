@@ -45,6 +45,8 @@ from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_la
 from magrpo.advantages import compute_advantages
 from magrpo.agents import Policies, SamplingParams, load_policies
 from magrpo.checkpoint import (
+    ADAPTERS_DIR,
+    MODELS_DIR,
     checkpoint_root,
     latest_checkpoint,
     load_checkpoint,
@@ -670,7 +672,7 @@ class MAGRPOTrainer:
         return path
 
     def save_final(self) -> Path:
-        folder = self.output_dir / ("models" if self.config.finetune == "full" else "adapters")
+        folder = self.output_dir / (MODELS_DIR if self.config.finetune == "full" else ADAPTERS_DIR)
         if self.parallel.is_main:
             for agent in self.agents:
                 self.policies.save_agent(agent, folder)
