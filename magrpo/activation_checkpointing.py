@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -54,15 +54,16 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 @contextlib.contextmanager
 def checkpointed_layers(
-    model: torch.nn.Module,
+    layers: Mapping[int, torch.nn.Module],
     replay_context: Callable[[torch.nn.Module], AbstractContextManager[Any]],
 ) -> Iterator[None]:
-    """Within the block, every forward with gradients through ``model``'s decoder layers is
-    checkpointed layer by layer. ``replay_context(layer)``: the blocks the forward runs in
-    (patched forwards, routing), entered again for ``layer`` around its replay."""
+    """Within the block, every forward with gradients through ``layers`` (decoder layers by
+    their index, e.g. ``dict(enumerate(decoder_layers(model)))``) is checkpointed layer by
+    layer. ``replay_context(layer)``: the blocks the forward runs in (patched forwards,
+    routing), entered again for ``layer`` around its replay."""
     forwards = {
         layer: functools.partial(_checkpointed, index, layer, layer.forward, replay_context)
-        for index, layer in enumerate(decoder_layers(model))
+        for index, layer in layers.items()
         if not is_patched(layer)
     }
     with forwards_replaced(forwards):

@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from magrpo.activation_checkpointing import checkpointed_layers
+from magrpo.activation_checkpointing import checkpointed_layers, decoder_layers
 from magrpo.grouped_attention import use_grouped_attention
+from magrpo.interleaved_passes import forwards_in_turn, new_cache
 from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
 from magrpo.lora_routing import AdapterRouter
 from magrpo.losses import (
@@ -170,6 +171,10 @@ class Policies:
         self.use_chat_template = use_chat_template
         self.side_by_side = side_by_side  # seeded sampling of separate CPU models (``sample``)
         self.gradient_checkpointing = False  # in the log-prob pass (``activation_checkpointing``)
+        # the log-prob pass's two forwards layer by layer in turn (``interleaved_passes``)
+        self.passes_in_turn = False
+        # the weights give their memory to their packed decode copies (``LlamaDecodeStep``)
+        self.lend_decode_weights = False
         self.backend_of = {agent: b for b in backends for agent in b.agents}
         self.agents = [agent for b in backends for agent in b.agents]
 
@@ -296,7 +301,7 @@ class Policies:
                     step_ids, positions = step_ids[:, -1:], positions[:, -1:]
                 with backend.routed(row_agents):
                     if fused:
-                        forward = LlamaDecodeStep(
+                        step = LlamaDecodeStep(
                             network,
                             head,
                             prefix,
@@ -305,15 +310,22 @@ class Policies:
                             params.max_new_tokens,
                             backend.router,
                             [backend.adapter[a] for a in row_agents],
-                        ).step
+                            lend_weights=self.lend_decode_weights,
+                        )
+                        forward = step.step
                     else:
                         forward = _static_cache_forward(
                             backend, network, head, mask, prefix, num_samples
                         )
                     del prefix  # the static cache holds copies; the fused step, the tensors
-                    yield functools.partial(
+                    loop = functools.partial(
                         self._decode, backend, forward, step_ids, positions, params, sample_seeds
                     )
+                    try:
+                        yield loop
+                    finally:
+                        if fused:
+                            step.give_back()
 
     @torch.inference_mode()
     def _decode(self, backend, forward, step_ids, positions, params, sample_seeds):
@@ -373,30 +385,51 @@ class Policies:
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
             network, head = backend.split(model)
+            prompt_agents = [a for a, _ in unique]
             prompt_ids, prompt_mask, _ = backend.pad_batch([list(p) for _, p in unique])
             embedding = network.get_input_embeddings()
             tied = tied_gradient(embedding, head)
             prompt_embeds, target_embeds = _embed_together(embedding, prompt_ids, targets, tied)
-            with self._logprob_pass(backend, model, [a for a, _ in unique], reference):
-                prompt_out = _last_position_pass(network, head, prompt_embeds, prompt_mask)
-            cache = _output_cache(prompt_out)
-            cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
-            prompt_mask = prompt_mask[rows]
-            with self._logprob_pass(backend, model, agents, reference):
-                output = network(
-                    inputs_embeds=target_embeds,
-                    attention_mask=torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
-                    position_ids=prompt_mask.sum(-1, keepdim=True)
-                    + torch.arange(width, device=device)[None, :],
-                    use_cache=True,
-                    **{backend.cache_kwarg: cache},
-                )
-            if head is None:
-                logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
-                return LogprobBatch(token_logprobs(logits, targets), mask)
-            hidden = torch.cat(
-                [prompt_out.last_hidden_state[rows, -1:], output.last_hidden_state[:, :-1]], dim=1
+            prompts = dict(
+                inputs_embeds=prompt_embeds,
+                attention_mask=prompt_mask,
+                position_ids=_position_ids(prompt_mask),
+                use_cache=True,
             )
+            completions = dict(
+                inputs_embeds=target_embeds,
+                attention_mask=torch.cat([prompt_mask[rows], mask.to(prompt_mask.dtype)], dim=1),
+                position_ids=prompt_mask[rows].sum(-1, keepdim=True)
+                + torch.arange(width, device=device)[None, :],
+                use_cache=True,
+            )
+            cache = (
+                new_cache(network)
+                if self.passes_in_turn and head is not None and torch.is_grad_enabled()
+                else None
+            )
+            if cache is not None:
+
+                def layer_pass(index: int, layer: torch.nn.Module, of_prompts: bool):
+                    passing = prompt_agents if of_prompts else agents
+                    return self._logprob_pass(backend, layer, passing, reference, index)
+
+                prompt_hidden, hidden = forwards_in_turn(
+                    network, cache, backend.cache_kwarg, prompts, completions, rows, layer_pass
+                )
+            else:
+                with self._logprob_pass(backend, model, prompt_agents, reference):
+                    only_last = {"logits_to_keep": 1} if head is None else {}
+                    prompt_out = network(**prompts, **only_last)
+                cache = _output_cache(prompt_out)
+                cache.reorder_cache(rows)  # index_select: differentiable, shares the prompt pass
+                with self._logprob_pass(backend, model, agents, reference):
+                    output = network(**completions, **{backend.cache_kwarg: cache})
+                if head is None:
+                    logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
+                    return LogprobBatch(token_logprobs(logits, targets), mask)
+                prompt_hidden, hidden = prompt_out.last_hidden_state, output.last_hidden_state
+            hidden = torch.cat([prompt_hidden[rows, -1:], hidden[:, :-1]], dim=1)
             real = mask.bool()
             logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
             logprobs = logprobs.masked_scatter(
@@ -406,10 +439,16 @@ class Policies:
 
     @contextlib.contextmanager
     def _logprob_pass(
-        self, backend: _Backend, model, agents: Sequence[str], reference: bool
+        self,
+        backend: _Backend,
+        module: torch.nn.Module,
+        agents: Sequence[str],
+        reference: bool,
+        layer_index: int | None = None,
     ) -> Iterator[None]:
-        """The blocks one forward of the log-prob pass runs in: its rows routed to
-        ``agents``' adapters, linears through oneDNN, lean SwiGLU MLPs; and, with
+        """The blocks one forward of the log-prob pass runs in, for the whole model
+        (``module``) or for its decoder layer number ``layer_index`` alone: its rows routed
+        to ``agents``' adapters, linears through oneDNN, lean SwiGLU MLPs; and, with
         ``gradient_checkpointing``, its decoder layers checkpointed (a replayed layer enters
         the same blocks again, as they have ended when the backward runs)."""
 
@@ -418,9 +457,14 @@ class Policies:
             with backend.routed(agents, reference), onednn_linears(module), lean_swiglu(module):
                 yield
 
-        with forwards(model):
+        with forwards(module):
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                with checkpointed_layers(model, forwards):
+                layers = (
+                    dict(enumerate(decoder_layers(module)))
+                    if layer_index is None
+                    else {layer_index: module}
+                )
+                with checkpointed_layers(layers, forwards):
                     yield
             else:
                 yield

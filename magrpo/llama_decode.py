@@ -67,14 +67,48 @@ def _base(linear: torch.nn.Module) -> torch.nn.Linear:
     return getattr(linear, "base_layer", linear)
 
 
-class _FusedProduct:
-    """Linear layers that read the same input, as one packed product plus their adapters."""
+def separate_weights(model: torch.nn.Module) -> None:
+    """Give every parameter of ``model`` memory of its own, so that a decode step can lend
+    it (``lend_weights``). Weights loaded from a file often share one buffer, or map the
+    file: a lent weight's memory would then stay allocated for the others' sake."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not _owns_memory(param):
+                param.data = param.data.clone(memory_format=torch.contiguous_format)
 
-    def __init__(self, linears: Sequence[torch.nn.Module], rows: int, router, scales):
+
+def _owns_memory(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is alone on its memory, which can then be freed and re-allocated
+    (weights loaded from a file often share one buffer, or map the file)."""
+    storage = weight.untyped_storage()
+    return (
+        storage.resizable()
+        and weight.is_contiguous()
+        and weight.storage_offset() == 0
+        and storage.nbytes() == weight.numel() * weight.element_size()
+    )
+
+
+class _FusedProduct:
+    """Linear layers that read the same input, as one packed product plus their adapters.
+
+    ``lend``: the layers' own weights give their memory up to the packed copy until
+    :meth:`give_back` (weights that share their memory with other tensors keep it)."""
+
+    def __init__(
+        self, linears: Sequence[torch.nn.Module], rows: int, router, scales, lend: bool = False
+    ):
         bases = [_base(linear) for linear in linears]
         weights = [b.weight.detach() for b in bases]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.weight = pack_weight(weight, rows)
+        starts = [0, *itertools.accumulate(len(w) for w in weights)]
+        self.lent = [
+            (w, starts[k], starts[k + 1]) for k, w in enumerate(weights) if lend and _owns_memory(w)
+        ]
+        del weight
+        for lent, _, _ in self.lent:
+            lent.untyped_storage().resize_(0)
         self.bias = None
         if any(b.bias is not None for b in bases):
             self.bias = torch.cat(
@@ -88,18 +122,29 @@ class _FusedProduct:
         if adapted:
             # The adapters of all fused layers as one (A, B) pair: A stacked on the rank
             # dimension, B block-placed at each layer's output rows.
-            a_parts, b_full = [], weight.new_zeros(len(weight), len(adapted) * scales.shape[1])
-            starts = [0, *itertools.accumulate(len(w) for w in weights)]
+            a_parts = []
+            b_full = weights[0].new_zeros(starts[-1], len(adapted) * scales.shape[1])
             for n, k in enumerate(adapted):
-                lora_a, lora_b = router.stacked(linears[k], weight.dtype)
+                lora_a, lora_b = router.stacked(linears[k], weights[0].dtype)
                 a_parts.append(lora_a)
                 rank = lora_a.shape[0]
                 b_full[starts[k] : starts[k + 1], n * rank : (n + 1) * rank] = lora_b
             self.lora = (
                 torch.cat(a_parts),
-                scales.to(weight.dtype).repeat(1, len(adapted)),
+                scales.to(weights[0].dtype).repeat(1, len(adapted)),
                 b_full.t().contiguous(),
             )
+
+    def give_back(self) -> None:
+        """The lent weights, exactly as they were: oneDNN's packed layout converts back
+        without rounding."""
+        if not self.lent:
+            return
+        dense, self.weight = self.weight.to_dense(), None  # no longer callable
+        for weight, start, stop in self.lent:
+            weight.untyped_storage().resize_(weight.numel() * weight.element_size())
+            weight.copy_(dense[start:stop])
+        self.lent = []
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         y = inner_product(x, self.weight, self.bias, residual)
@@ -128,6 +173,12 @@ class LlamaDecodeStep:
     ``prefix_cache`` with mask ``prefix_mask`` [P, W]) and each row's generated ones; rows
     are the prompts repeated ``num_samples`` times, row i running ``adapters[i]`` of
     ``router``. Check :func:`llama_decode_supported` first.
+
+    ``lend_weights``: the decoder layers' weights give their memory up to their packed
+    copies while the step lives (one copy of the layers instead of two: 0.5 GiB for
+    SmolLM2-135M in float32), and get it back, exact, from :meth:`give_back`, which must
+    run before anything else reads them. The output layer keeps its weight: a tied
+    embedding is read at every step.
     """
 
     def __init__(
@@ -140,6 +191,7 @@ class LlamaDecodeStep:
         max_new_tokens,
         router=None,
         adapters=(),
+        lend_weights=False,
     ):
         config = network.config
         self.network = network
@@ -155,31 +207,44 @@ class LlamaDecodeStep:
         dtype = head.weight.dtype
         release_free_heap()  # the packed copies then take pages the update freed
 
-        def fused(*linears):
-            return _FusedProduct(linears, rows, router, scales)
+        self._products: list[_FusedProduct] = []
+
+        def fused(*linears, lend=lend_weights):
+            self._products.append(_FusedProduct(linears, rows, router, scales, lend))
+            return self._products[-1]
 
         own_shape = (rows, self.kv_heads, max_new_tokens, self.head_dim)
-        self.layers = [
-            _Layer(
-                layer,
-                fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                fused(layer.self_attn.o_proj),
-                fused(layer.mlp.gate_proj, layer.mlp.up_proj),
-                fused(layer.mlp.down_proj),
-                cached.keys,
-                cached.values,
-                cached.keys.new_zeros(own_shape),
-                cached.values.new_zeros(own_shape),
-            )
-            for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
-        ]
-        self.head = fused(head)
+        try:
+            self.layers = [
+                _Layer(
+                    layer,
+                    fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                    fused(layer.self_attn.o_proj),
+                    fused(layer.mlp.gate_proj, layer.mlp.up_proj),
+                    fused(layer.mlp.down_proj),
+                    cached.keys,
+                    cached.values,
+                    cached.keys.new_zeros(own_shape),
+                    cached.values.new_zeros(own_shape),
+                )
+                for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
+            ]
+            self.head = fused(head, lend=False)
+        except BaseException:
+            self.give_back()
+            raise
         self.prefix_bias = (
             torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
             .masked_fill(prefix_mask == 0, float("-inf"))
             .view(self.prompts, 1, 1, -1)
         )
         self.length = 0  # generated tokens held per row
+
+    def give_back(self) -> None:
+        """Restore the weights lent to the packed copies (``lend_weights``), freeing those
+        copies as it goes: the step cannot run after."""
+        for product in self._products:
+            product.give_back()
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.network.embed_tokens(ids[:, 0])

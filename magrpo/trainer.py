@@ -56,7 +56,8 @@ from magrpo.checkpoint import (
 from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.distributed import DataParallel
-from magrpo.heap import keep_freed_memory
+from magrpo.heap import keep_freed_memory, release_free_heap
+from magrpo.llama_decode import separate_weights
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.optimizer_in_backward import BackwardSteps
@@ -193,6 +194,12 @@ class MAGRPOTrainer:
         self.model_paths: list[str] = []  # filled when the trainer loads the models itself
         self.policies = policies or self._load_policies(model_resolver)
         self.policies.side_by_side = config.sample_side_by_side
+        self.saving_memory = config.gradient_checkpointing or config.optimizer_in_backward
+        if self.saving_memory:
+            # sampling too: the weights give their memory to their packed decode copies
+            for backend in self.policies.backends:
+                separate_weights(backend.model)
+            self.policies.lend_decode_weights = True
         if config.gradient_checkpointing:
             for backend in self.policies.backends:
                 try:
@@ -240,8 +247,9 @@ class MAGRPOTrainer:
                 agent: BackwardSteps(getattr(optimizer, "optimizer", optimizer))
                 for agent, optimizer in self.optimizers.items()
             }
-        saving_memory = config.gradient_checkpointing or config.optimizer_in_backward
-        if _keeps_freed_memory(config.cpu_heap, self.policies, saving_memory):
+            # each layer's gradients complete (and are stepped and freed) in turn
+            self.policies.passes_in_turn = True
+        if _keeps_freed_memory(config.cpu_heap, self.policies, self.saving_memory):
             keep_freed_memory()  # after loading: the load's temporaries still go back
         self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
         num_items = getattr(env, "num_items", None)
@@ -464,6 +472,7 @@ class MAGRPOTrainer:
             for m, (agents, batches) in enumerate(models):
                 for b, batch in enumerate(batches):
                     key = (m, b)
+                    self._between_phases()
                     current = self.policies.logprobs([s.completion for s in batch])
                     if epoch == 0:
                         old_logprobs[key] = current.logprobs.detach()
@@ -493,6 +502,7 @@ class MAGRPOTrainer:
                             metrics[f"loss/{agent}"] += float(agent_loss.detach())
                     # with optimizer_in_backward, a model's last backward steps its weights
                     last = b == len(batches) - 1
+                    self._between_phases()
                     with self._stepping_in_backward(agents) if last else contextlib.nullcontext():
                         self.accelerator.backward(loss)
                     if epoch == 0:
@@ -515,6 +525,15 @@ class MAGRPOTrainer:
             metrics["kl"] = kl_sum / kl_tokens
         metrics["trained_sequences"] = trained
         return dict(metrics)
+
+    def _between_phases(self) -> None:
+        """When the run saves memory, the heap's free pages go back to the OS before each
+        log-prob pass and each backward: freed memory that glibc keeps (sampling's packed
+        copies, the forward's temporaries) would otherwise stay resident under the next
+        phase's new allocations (0.1-0.25 GiB of the peak, docs/benchmarks.md). A no-op when
+        the process keeps its freed memory."""
+        if self.saving_memory:
+            release_free_heap()
 
     def _stepping_in_backward(self, agents: list[str]) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()

@@ -11,7 +11,7 @@ from magrpo.agents import (
     _position_ids,
     load_policies,
 )
-from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
+from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported, separate_weights
 
 AGENTS = ["alice", "bob"]
 PROMPTS = [("alice", "say some words again please"), ("bob", "task")]  # left padding
@@ -158,3 +158,110 @@ def test_unsupported_models_keep_the_transformers_forward(
     # a dtype oneDNN does not run
     model.to(torch.float64)
     assert not llama_decode_supported(network, head, prefix_mask, None)
+
+
+@pytest.fixture
+def full_model(tiny_model_path_per_architecture):  # noqa: F811
+    """A fully fine-tuned model's policies, its weights each on memory of its own."""
+    full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
+    separate_weights(full.backends[0].model)
+    return full
+
+
+def _full_step(policies, lend: bool):
+    """A decode step (GROUP rows of one prompt) of a fully fine-tuned model, its inputs."""
+    backend = policies.backends[0]
+    network, head = backend.split(backend.model)
+    ids, mask, _ = backend.pad_batch([policies.encode_prompt(AGENTS[0], "say words")])
+    with torch.inference_mode():
+        prefix = _output_cache(_last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
+    step = LlamaDecodeStep(network, head, prefix, mask[:, :-1], GROUP, 8, lend_weights=lend)
+    last = ids[:, -1:].repeat_interleave(GROUP, dim=0)
+    positions = _position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
+    return step, last, positions
+
+
+def _layer_weights(model):
+    return [p for n, p in model.named_parameters() if "layers." in n and n.endswith("proj.weight")]
+
+
+def test_lent_weights_decode_the_same_and_come_back_exactly(full_model):
+    model = full_model.backends[0].model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    logits = {}
+    for lend in (False, True):
+        step, ids, positions = _full_step(full_model, lend)
+        lent = [w.untyped_storage().nbytes() == 0 for w in _layer_weights(model)]
+        assert all(lent) if lend else not any(lent)
+        with torch.inference_mode():
+            logits[lend] = [step.step(ids, positions + k) for k in range(3)]
+        step.give_back()
+        for name, param in model.named_parameters():
+            assert torch.equal(param, before[name]), name
+    for lent, kept in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(lent, kept)
+    # the output layer (tied to the embedding, read at every step) is never lent
+    assert model.get_output_embeddings().weight.untyped_storage().nbytes() > 0
+
+
+def test_weights_lent_before_packing_fails_come_back(full_model, monkeypatch):
+    import magrpo.llama_decode as llama_decode
+
+    model = full_model.backends[0].model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    original, calls = llama_decode.pack_weight, []
+
+    def failing(weight, rows):
+        calls.append(1)
+        if len(calls) == 6:  # in the second layer, after the first layer's weights were lent
+            raise RuntimeError("out of memory")
+        return original(weight, rows)
+
+    monkeypatch.setattr(llama_decode, "pack_weight", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _full_step(full_model, lend=True)
+    for name, param in model.named_parameters():
+        assert param.untyped_storage().nbytes() > 0, name
+        assert torch.equal(param, before[name]), name
+
+
+def test_weights_that_share_their_memory_are_not_lent_until_separated(
+    tiny_model_path_per_architecture,  # noqa: F811
+):
+    full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
+    model = full.backends[0].model
+    weights = _layer_weights(model)
+    shared = torch.cat([w.detach().reshape(-1) for w in weights])  # one buffer, as on load
+    offset = 0
+    for weight in weights:
+        weight.data = shared[offset : offset + weight.numel()].view_as(weight)
+        offset += weight.numel()
+    values = [w.detach().clone() for w in weights]
+    step, _, _ = _full_step(full, lend=True)
+    assert all(w.untyped_storage().nbytes() == shared.untyped_storage().nbytes() for w in weights)
+    step.give_back()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    separate_weights(model)
+    assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
+    assert len({w.untyped_storage().data_ptr() for w in weights}) == len(weights)
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    step, _, _ = _full_step(full, lend=True)
+    assert all(w.untyped_storage().nbytes() == 0 for w in weights)
+    step.give_back()
+    assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
+
+
+def test_sampling_with_lent_weights_gives_the_same_completions(full_model):
+    model = full_model.backends[0].model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    requests = [(AGENTS[0], "say words"), (AGENTS[0], "task")]
+    samples = {}
+    for lend in (False, True):
+        full_model.lend_decode_weights = lend
+        samples[lend] = full_model.sample(requests, GROUP, params, seeds=[1, 2])
+    assert [[c.completion_ids for c in r] for r in samples[True]] == [
+        [c.completion_ids for c in r] for r in samples[False]
+    ]
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), name

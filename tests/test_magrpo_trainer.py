@@ -170,8 +170,9 @@ def test_models_sampled_side_by_side_train_as_one_at_a_time(tmp_path, tiny_model
 
 def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # noqa: F811
     """Full fine-tuning with activation checkpointing and the optimizer stepped inside the
-    backward (two micro-batches per model: the first accumulates, the last steps) ends at
-    the weights of the plain update, bit for bit."""
+    backward (two micro-batches per model: the first accumulates, the last steps; the
+    log-prob passes in turn; weights lent to their packed decode copies) ends at the weights
+    of the plain update, bit for bit."""
     weights = {}
     for saving in (False, True):
         config = make_config(
@@ -182,6 +183,7 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
         trainer, _ = run(config)
         assert trainer.policies.gradient_checkpointing is saving
         assert bool(trainer.backward_steps) is saving
+        assert trainer.policies.passes_in_turn is trainer.policies.lend_decode_weights is saving
         weights[saving] = trainable(trainer)
     for agent, params in weights[False].items():
         for name, value in params.items():

@@ -1,0 +1,126 @@
+"""The log-prob pass's two forwards run layer by layer in turn: the same log-probs and
+gradients as run one after the other, and each layer's weight gradients complete before
+the backward goes below that layer."""
+
+import functools
+
+import pytest
+import torch
+from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
+
+from magrpo.activation_checkpointing import decoder_layers
+from magrpo.agents import load_policies
+from magrpo.interleaved_passes import new_cache
+from magrpo.rollout import Completion
+
+
+@pytest.fixture
+def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
+    return tiny_model_path_per_architecture
+
+
+def _completions(policies, agents):
+    eos = policies.backends[0].tokenizer.eos_token_id
+    prompts = [
+        policies.encode_prompt(agents[0], "say words"),
+        policies.encode_prompt(agents[-1], "a task"),
+    ]
+    return [
+        Completion(agents[0], "", prompts[0], [10, 11, 12, eos], True),
+        Completion(agents[-1], "", prompts[1], [13, 14], False),
+        Completion(agents[0], "", prompts[0], [15, 16, 17, 18, 19], False),
+    ]
+
+
+def _backward(batch):
+    (batch.logprobs * torch.linspace(0.5, 1.5, batch.logprobs.shape[1])).sum().backward()
+
+
+def _pass(policies, completions, in_turn: bool):
+    """Log-probs and gradients of one pass."""
+    policies.passes_in_turn = in_turn
+    params = {
+        n: p for b in policies.backends for n, p in b.model.named_parameters() if p.requires_grad
+    }
+    for param in params.values():
+        param.grad = None
+    batch = policies.logprobs(completions)
+    _backward(batch)
+    return batch.logprobs.detach(), {n: p.grad.clone() for n, p in params.items()}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_passes_in_turn_compute_what_the_passes_one_after_the_other_do(
+    tiny_model_path, finetune, checkpointing
+):
+    torch.manual_seed(0)
+    agents = ["alice"] if finetune == "full" else ["alice", "bob"]  # lora: routed shared base
+    policies = load_policies(agents, [tiny_model_path] * len(agents), finetune=finetune)
+    policies.gradient_checkpointing = checkpointing
+    with torch.no_grad():  # non-trivial, different adapters
+        for name, param in policies.backends[0].model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    completions = _completions(policies, agents)
+    logprobs, grads = _pass(policies, completions, in_turn=False)
+    in_turn, in_turn_grads = _pass(policies, completions, in_turn=True)
+    torch.testing.assert_close(in_turn, logprobs, rtol=0, atol=0)
+    assert grads.keys() == in_turn_grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(in_turn_grads[name], grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("in_turn", [False, True])
+def test_each_layer_s_weights_complete_before_the_backward_leaves_the_layer(
+    tiny_model_path, in_turn
+):
+    """Run one after the other, each weight's first gradient waits for the prompts' pass,
+    which the backward reaches only after the completions' pass: the backward leaves the top
+    layer before any weight there is complete (on SmolLM2 it went through all 30 layers).
+    Run in turn, every layer's weights are complete before the completions' gradient leaves
+    the layer."""
+    policies = load_policies(["alice"], [tiny_model_path], finetune="full")
+    policies.passes_in_turn = in_turn
+    layers = decoder_layers(policies.backends[0].model)
+    completions = _completions(policies, ["alice"])
+    events = []
+
+    def watch_input(index, module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.requires_grad and len(hidden) == len(completions):  # the completions' pass
+            hidden.register_hook(lambda grad: events.append(("left", index)))
+
+    def completed(index, param):
+        events.append(("weight", index))
+
+    handles = []
+    for index, layer in enumerate(layers):
+        handles.append(
+            layer.register_forward_pre_hook(functools.partial(watch_input, index), with_kwargs=True)
+        )
+        handles += [
+            p.register_post_accumulate_grad_hook(functools.partial(completed, index))
+            for p in layer.parameters()
+        ]
+    try:
+        _backward(policies.logprobs(completions))
+    finally:
+        for handle in handles:
+            handle.remove()
+    in_order = []
+    for index in range(len(layers)):
+        last_weight = max(k for k, event in enumerate(events) if event == ("weight", index))
+        in_order.append(last_weight < events.index(("left", index)))
+    assert all(in_order) if in_turn else not in_order[-1], events
+
+
+def test_sliding_window_caches_run_one_after_the_other(tiny_model_path):
+    """The completions' mask is sized from the first layer's cache entry alone, so models
+    with sliding-window layers keep the passes one after the other."""
+    policies = load_policies(["alice"], [tiny_model_path], finetune="full")
+    network, _ = policies.backends[0].split(policies.backends[0].model)
+    assert new_cache(network) is not None
+    network.config.layer_types = ["sliding_attention"] * network.config.num_hidden_layers
+    network.config.sliding_window = 4
+    assert new_cache(network) is None
