@@ -289,7 +289,7 @@ def summarise(runs: list[dict], warmup: int) -> dict:
 
 def markdown(results: dict) -> str:
     lines = [
-        "| mode | trainer | s/step (median) | generated tok/s | peak RSS (GB) | "
+        "| mode | trainer | s/step (median) | generated tok/s | peak RSS (GiB) | "
         "speed-up (theirs s / ours s) | memory (ours/theirs) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
                 runs[name].append(run)
                 med = statistics.median(s["seconds"] for s in run["steps"][args.warmup:])
                 print(f"[{label}] run {rep} {name}: median {med:.2f} s/step, peak "
-                      f"{run['peak_rss_mb'] / 1024:.2f} GB (load {load:.2f})", flush=True)
+                      f"{run['peak_rss_mb'] / 1024:.2f} GiB (load {load:.2f})", flush=True)
         results[label] = {name: summarise(r, args.warmup) for name, r in runs.items()}
         results[label]["raw"] = runs
         payload = {

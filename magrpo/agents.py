@@ -363,8 +363,10 @@ class Policies:
         completions' real tokens, in chunks (``linear_token_logprobs``), when the model's
         logits are plain ``lm_head(decoder(...))``. On CPU the linear layers run through
         oneDNN, forward and backward (``onednn``), and SwiGLU MLPs keep two tensors for
-        backward instead of three (``swiglu``). ``reference=True``: the reference
-        policy (LoRA: the base, adapters off), without gradients.
+        backward instead of three (``swiglu``). With ``passes_in_turn`` (set for the
+        optimizer in backward) the prompts' and the completions' forwards run layer by layer
+        in turn (``interleaved_passes``). ``reference=True``: the reference policy (LoRA:
+        the base, adapters off), without gradients.
         """
         backend = self.backend_of[completions[0].agent]
         agents = [c.agent for c in completions]

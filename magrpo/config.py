@@ -185,15 +185,17 @@ class MAGRPOConfig:
         default=False,
         metadata=_help(
             "Keep only each decoder layer's input for backward and run the layer again there: "
-            "much less memory in the update, for one more forward of the model."
+            "much less memory in the update, for one more forward of the model. Either memory "
+            "option also lends the weights to their packed decode copies while sampling."
         ),
     )
     optimizer_in_backward: bool = field(
         default=False,
         metadata=_help(
             "Step each weight inside the backward, as soon as its gradient is complete, and "
-            "free that gradient: no model-sized gradient buffer. Needs max_grad_norm None and "
-            "one process; saves memory when a model's samples fit one micro-batch."
+            "free that gradient: no model-sized gradient buffer (the log-prob pass then runs "
+            "prompts and completions through the layers in turn). Needs max_grad_norm None "
+            "and one process; saves memory when a model's samples fit one micro-batch."
         ),
     )
     seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
