@@ -18,6 +18,8 @@ import pytest
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
+from magrpo.rollout import Completion
+
 WORDS = [
     "apple",
     "egg",
@@ -178,6 +180,21 @@ def tiny_model_path_per_architecture(request, tmp_path_factory) -> str:
     """A tiny model of each architecture with a fast path of its own (``llama_decode``)."""
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return str(build_tiny_model(folder, architecture=request.param))
+
+
+def completions_of_two_prompts(policies, agents: list[str]) -> list[Completion]:
+    """Three completions of two prompts, ``agents[0]``'s and ``agents[-1]``'s, of different
+    lengths (one ends with EOS): a log-prob batch with padding and a shared prompt."""
+    eos = policies.backends[0].tokenizer.eos_token_id
+    prompts = [
+        policies.encode_prompt(agents[0], "say words"),
+        policies.encode_prompt(agents[-1], "a task"),
+    ]
+    return [
+        Completion(agents[0], "", prompts[0], [10, 11, 12, eos], True),
+        Completion(agents[-1], "", prompts[1], [13, 14], False),
+        Completion(agents[0], "", prompts[0], [15, 16, 17, 18, 19], False),
+    ]
 
 
 class WordGameEnv(ParallelEnv):

@@ -4,29 +4,18 @@ the saved activations."""
 
 import pytest
 import torch
-from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
+from magrpo_fixtures import (  # noqa: F401 - pytest fixture
+    completions_of_two_prompts,
+    tiny_model_path_per_architecture,
+)
 
 from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 from magrpo.agents import load_policies
-from magrpo.rollout import Completion
 
 
 @pytest.fixture
 def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
     return tiny_model_path_per_architecture
-
-
-def _completions(policies, agents):
-    eos = policies.backends[0].tokenizer.eos_token_id
-    prompts = [
-        policies.encode_prompt(agents[0], "say words"),
-        policies.encode_prompt(agents[-1], "a task"),
-    ]
-    return [
-        Completion(agents[0], "", prompts[0], [10, 11, 12, eos], True),
-        Completion(agents[-1], "", prompts[1], [13, 14], False),
-        Completion(agents[0], "", prompts[0], [15, 16, 17, 18, 19], False),
-    ]
 
 
 def _pass(policies, completions, checkpointing: bool):
@@ -59,7 +48,7 @@ def test_checkpointed_pass_equals_the_plain_one(tiny_model_path, finetune):
         for name, param in policies.backends[0].model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.3)
-    completions = _completions(policies, agents)
+    completions = completions_of_two_prompts(policies, agents)
     logprobs, grads, saved = _pass(policies, completions, checkpointing=False)
     checkpointed, checkpointed_grads, checkpointed_saved = _pass(policies, completions, True)
     torch.testing.assert_close(checkpointed, logprobs, rtol=0, atol=0)
@@ -73,7 +62,7 @@ def test_checkpointed_pass_equals_the_plain_one(tiny_model_path, finetune):
 def test_reference_pass_without_gradients_is_not_checkpointed(tiny_model_path):
     policies = load_policies(["alice", "bob"], [tiny_model_path] * 2)
     policies.gradient_checkpointing = True
-    completions = _completions(policies, ["alice", "bob"])
+    completions = completions_of_two_prompts(policies, ["alice", "bob"])
     reference = policies.logprobs(completions, reference=True)
     assert reference.logprobs.grad_fn is None
     policies.gradient_checkpointing = False

@@ -6,30 +6,19 @@ import functools
 
 import pytest
 import torch
-from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
+from magrpo_fixtures import (  # noqa: F401 - pytest fixture
+    completions_of_two_prompts,
+    tiny_model_path_per_architecture,
+)
 
 from magrpo.activation_checkpointing import decoder_layers
 from magrpo.agents import load_policies
 from magrpo.interleaved_passes import new_cache
-from magrpo.rollout import Completion
 
 
 @pytest.fixture
 def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
     return tiny_model_path_per_architecture
-
-
-def _completions(policies, agents):
-    eos = policies.backends[0].tokenizer.eos_token_id
-    prompts = [
-        policies.encode_prompt(agents[0], "say words"),
-        policies.encode_prompt(agents[-1], "a task"),
-    ]
-    return [
-        Completion(agents[0], "", prompts[0], [10, 11, 12, eos], True),
-        Completion(agents[-1], "", prompts[1], [13, 14], False),
-        Completion(agents[0], "", prompts[0], [15, 16, 17, 18, 19], False),
-    ]
 
 
 def _backward(batch):
@@ -62,7 +51,7 @@ def test_passes_in_turn_compute_what_the_passes_one_after_the_other_do(
         for name, param in policies.backends[0].model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.3)
-    completions = _completions(policies, agents)
+    completions = completions_of_two_prompts(policies, agents)
     logprobs, grads = _pass(policies, completions, in_turn=False)
     in_turn, in_turn_grads = _pass(policies, completions, in_turn=True)
     torch.testing.assert_close(in_turn, logprobs, rtol=0, atol=0)
@@ -83,7 +72,7 @@ def test_each_layer_s_weights_complete_before_the_backward_leaves_the_layer(
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
     policies.passes_in_turn = in_turn
     layers = decoder_layers(policies.backends[0].model)
-    completions = _completions(policies, ["alice"])
+    completions = completions_of_two_prompts(policies, ["alice"])
     events = []
 
     def watch_input(index, module, args, kwargs):
