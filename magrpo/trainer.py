@@ -197,8 +197,10 @@ class MAGRPOTrainer:
         self.saving_memory = config.gradient_checkpointing or config.optimizer_in_backward
         if self.saving_memory:
             # sampling too: the weights give their memory to their packed decode copies
+            # (CPU: the fused decode step that packs them runs there only)
             for backend in self.policies.backends:
-                separate_weights(backend.model)
+                if backend.device.type == "cpu":
+                    separate_weights(backend.model)
             self.policies.lend_decode_weights = True
         if config.gradient_checkpointing:
             for backend in self.policies.backends:
