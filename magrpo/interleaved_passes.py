@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
+from magrpo.llama_decode import ARCHITECTURES
 
 # layer_pass(index, layer, prompts): the block that pass's forward of decoder layer
 # ``index`` runs in (prompts: True for the prompts' pass)
@@ -39,16 +40,19 @@ LayerPass = Callable[[int, torch.nn.Module, bool], AbstractContextManager[Any]]
 
 
 def new_cache(network: torch.nn.Module) -> DynamicCache | None:
-    """An empty KV cache for ``network`` if its forwards can run in turn (every layer a
-    plain full-attention cache entry, a final ``norm``), else None. Sliding-window
-    entries are excluded: the completions' mask is sized from the first layer's entry alone.
-    """
+    """An empty KV cache for ``network`` if its forwards can run in turn, else None: a
+    decoder whose forward is known to be its layers, then ``norm`` (Llama's and Qwen2's,
+    as for ``llama_decode``), with every layer a plain full-attention cache entry.
+    Sliding-window entries are excluded: the completions' mask is sized from the first
+    layer's entry alone."""
+    config = getattr(network, "config", None)
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        return None
     try:
         decoder_layers(network)
     except CheckpointingUnsupported:
         return None
-    config = getattr(network, "config", None)
-    if config is None or not isinstance(getattr(network, "norm", None), torch.nn.Module):
+    if not isinstance(getattr(network, "norm", None), torch.nn.Module):
         return None
     cache = DynamicCache(config=config)
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):

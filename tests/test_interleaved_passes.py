@@ -104,12 +104,15 @@ def test_each_layer_s_weights_complete_before_the_backward_leaves_the_layer(
     assert all(in_order) if in_turn else not in_order[-1], events
 
 
-def test_sliding_window_caches_run_one_after_the_other(tiny_model_path):
-    """The completions' mask is sized from the first layer's cache entry alone, so models
-    with sliding-window layers keep the passes one after the other."""
+def test_other_decoders_run_the_passes_one_after_the_other(tiny_model_path):
+    """Only a forward known to be the layers then the final norm runs in turn, and only on
+    full-attention caches: the completions' mask is sized from the first layer's entry."""
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
     network, _ = policies.backends[0].split(policies.backends[0].model)
     assert new_cache(network) is not None
+    architecture, network.config.model_type = network.config.model_type, "gemma"
+    assert new_cache(network) is None
+    network.config.model_type = architecture
     network.config.layer_types = ["sliding_attention"] * network.config.num_hidden_layers
     network.config.sliding_window = 4
     assert new_cache(network) is None
