@@ -398,10 +398,11 @@ class Policies:
                 position_ids=_position_ids(prompt_mask),
                 use_cache=True,
             )
+            row_prompt_mask = prompt_mask[rows]
             completions = dict(
                 inputs_embeds=target_embeds,
-                attention_mask=torch.cat([prompt_mask[rows], mask.to(prompt_mask.dtype)], dim=1),
-                position_ids=prompt_mask[rows].sum(-1, keepdim=True)
+                attention_mask=torch.cat([row_prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
+                position_ids=row_prompt_mask.sum(-1, keepdim=True)
                 + torch.arange(width, device=device)[None, :],
                 use_cache=True,
             )

@@ -31,7 +31,6 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 from magrpo.llama_decode import ARCHITECTURES
 
 # layer_pass(index, layer, prompts): the block that pass's forward of decoder layer
@@ -41,18 +40,12 @@ LayerPass = Callable[[int, torch.nn.Module, bool], AbstractContextManager[Any]]
 
 def new_cache(network: torch.nn.Module) -> DynamicCache | None:
     """An empty KV cache for ``network`` if its forwards can run in turn, else None: a
-    decoder whose forward is known to be its layers, then ``norm`` (Llama's and Qwen2's,
-    as for ``llama_decode``), with every layer a plain full-attention cache entry.
+    decoder whose forward is known to be its ``layers``, then ``norm`` (Llama's and
+    Qwen2's, as for ``llama_decode``), with every layer a plain full-attention cache entry.
     Sliding-window entries are excluded: the completions' mask is sized from the first
     layer's entry alone."""
     config = getattr(network, "config", None)
     if getattr(config, "model_type", None) not in ARCHITECTURES:
-        return None
-    try:
-        decoder_layers(network)
-    except CheckpointingUnsupported:
-        return None
-    if not isinstance(getattr(network, "norm", None), torch.nn.Module):
         return None
     cache = DynamicCache(config=config)
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
@@ -74,11 +67,10 @@ def forwards_in_turn(
     top of the prompts' ``cache``, its row ``rows[b]`` under completion b; run layer by
     layer in turn. The cache ends holding both forwards' keys, as the forwards would leave it.
     """
-    layers = decoder_layers(network)
     prompt_hidden, prompt_args, prompt_kwargs = _first_layer_inputs(
-        network, layers[0], **prompts, **{cache_kwarg: cache}
+        network, network.layers[0], **prompts, **{cache_kwarg: cache}
     )
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(network.layers):
         with layer_pass(index, layer, True):
             prompt_hidden = _hidden(layer(prompt_hidden, *prompt_args, **prompt_kwargs))
         cache.layers[index].reorder_cache(rows)  # index_select: differentiable

@@ -78,8 +78,7 @@ def separate_weights(model: torch.nn.Module) -> None:
 
 
 def _owns_memory(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` is alone on its memory, which can then be freed and re-allocated
-    (weights loaded from a file often share one buffer, or map the file)."""
+    """Whether ``weight`` is alone on its memory, which can then be freed and re-allocated."""
     storage = weight.untyped_storage()
     return (
         storage.resizable()
