@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from magrpo.heap import release_free_heap
-from magrpo.onednn import DTYPES, inner_product, onednn_available, pack_weight
+from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
 _ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -55,7 +55,7 @@ def llama_decode_supported(network, head, prefix_mask: torch.Tensor, router=None
         return False
     if any(getattr(layer.self_attn, "sliding_window", None) for layer in network.layers):
         return False  # the step attends to every token
-    if not onednn_available(head.weight.device) or head.weight.dtype not in DTYPES:
+    if not onednn_available(head.weight.device) or not onednn_supports(head.weight.dtype):
         return False
     if not bool(prefix_mask.any(-1).all()):  # a prompt with nothing to attend to in the prefix
         return False

@@ -33,8 +33,6 @@ import torch.nn.functional as F
 from magrpo.heap import release_free_heap
 from magrpo.module_patching import forwards_replaced, is_patched
 
-DTYPES = (torch.float32, torch.bfloat16)
-
 
 def onednn_available(device: torch.device) -> bool:
     return (
@@ -42,6 +40,17 @@ def onednn_available(device: torch.device) -> bool:
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
+
+
+@functools.cache
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """float32 always; bfloat16 only on CPUs with the instructions oneDNN's bfloat16 products
+    need (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): on an AVX2-only CPU (e.g. AMD Zen 3) oneDNN
+    refuses them, and torch's own kernels run instead."""
+    if dtype == torch.float32:
+        return True
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return dtype == torch.bfloat16 and supported is not None and bool(supported())
 
 
 @contextlib.contextmanager
@@ -63,7 +72,7 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
     for module in model.modules():
         if type(module) is not torch.nn.Linear or is_patched(module):
             continue
-        if module.weight.dtype not in DTYPES:
+        if not onednn_supports(module.weight.dtype):
             continue
         if pack_rows is None:
             forwards[module] = functools.partial(_linear, module)
@@ -82,7 +91,7 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
 
 def matmul_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` (no autograd), by oneDNN where it can run it."""
-    if x.dtype == weight.dtype in DTYPES and onednn_available(x.device):
+    if x.dtype == weight.dtype and onednn_supports(x.dtype) and onednn_available(x.device):
         return inner_product(x, weight)
     return x @ weight.t()
 

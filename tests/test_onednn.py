@@ -5,13 +5,19 @@ import torch
 import torch.nn.functional as F
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 
-from magrpo.onednn import onednn_available, onednn_linears
+from magrpo.onednn import onednn_available, onednn_linears, onednn_supports
 
 pytestmark = pytest.mark.skipif(
     not onednn_available(torch.device("cpu")), reason="this torch build has no oneDNN"
 )
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+BFLOAT16 = pytest.param(
+    torch.bfloat16,
+    marks=pytest.mark.skipif(
+        not onednn_supports(torch.bfloat16), reason="this CPU has no oneDNN bfloat16 products"
+    ),
+)
 
 
 def _reference_and_onednn(layer, x, grad_output):
@@ -31,7 +37,7 @@ def _reference_and_onednn(layer, x, grad_output):
     return results
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BFLOAT16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_training_linear_matches_torch_forward_and_backward(dtype, bias):
     torch.manual_seed(0)
