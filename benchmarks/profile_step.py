@@ -57,6 +57,8 @@ def build_trainer(args, output_dir: str):
         output_dir=output_dir, progress_bar=False,
         gradient_checkpointing=args.gradient_checkpointing,
         optimizer_in_backward=args.optimizer_in_backward,
+        reuse_sampled_states=args.reuse_sampled_states,
+        sample_side_by_side=args.sample_side_by_side,
     )
     return EqualWorkTrainer(config, make_env(config, args.split))
 
@@ -204,6 +206,10 @@ def parse_args(argv=None):
                    help="The memory option of the same name (see README).")
     p.add_argument("--optimizer-in-backward", action="store_true",
                    help="The memory option of the same name (see README).")
+    p.add_argument("--reuse-sampled-states", action="store_true",
+                   help="The memory option of the same name (see README).")
+    p.add_argument("--sample-side-by-side", action=argparse.BooleanOptionalAction,
+                   default=True, help="The trainer option of the same name (see README).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)

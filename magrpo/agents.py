@@ -22,6 +22,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,13 @@ from magrpo.losses import (
 )
 from magrpo.onednn import onednn_linears
 from magrpo.rollout import Completion, derive_seed
+from magrpo.sampled_states import (
+    SampledStates,
+    StateStore,
+    final_hidden_from_states,
+    pad_states,
+    recorded_layer_inputs,
+)
 from magrpo.sampling import row_generators, sample_tokens
 from magrpo.swiglu import lean_swiglu
 from magrpo.threads import run_side_by_side
@@ -175,6 +183,10 @@ class Policies:
         self.passes_in_turn = False
         # the weights give their memory to their packed decode copies (``LlamaDecodeStep``)
         self.lend_decode_weights = False
+        # while set, sampling records every layer's input for the log-prob pass to start from
+        # (``sampled_states``); only valid until the weights change
+        self.sampled_states: StateStore | None = None
+        self._unrecorded: list[_Backend] = []  # models already warned about
         self.backend_of = {agent: b for b in backends for agent in b.agents}
         self.agents = [agent for b in backends for agent in b.agents]
 
@@ -218,7 +230,7 @@ class Policies:
             )
             agents = [requests[i][0] for i in rows]
             prompts = [self.encode_prompt(*requests[i]) for i in rows]
-            calls.append((backend, rows, agents, prompts, sample_seeds))
+            calls.append((backend, rows, agents, prompts, sample_seeds, {}))
         # Models decode side by side on CPU, each on its share of the threads: one model's
         # small operators then overlap another's bandwidth-bound products. Only with
         # per-row seeds: draws from torch's global generator would depend on the interleaving.
@@ -228,28 +240,36 @@ class Policies:
         if self.side_by_side and len(calls) > 1 and seeds is not None and cpu:
             with contextlib.ExitStack() as stack:
                 loops = [
-                    stack.enter_context(self._generation(backend, a, p, num_samples, params, s))
-                    for backend, _, a, p, s in calls
+                    stack.enter_context(
+                        self._generation(backend, a, p, num_samples, params, s, record)
+                    )
+                    for backend, _, a, p, s, record in calls
                 ]
                 outputs = run_side_by_side(loops)
         else:  # one model at a time: only one holds its decoding state
             outputs = []
-            for backend, _, a, p, s in calls:
-                with self._generation(backend, a, p, num_samples, params, s) as loop:
+            for backend, _, a, p, s, record in calls:
+                with self._generation(backend, a, p, num_samples, params, s, record) as loop:
                     outputs.append(loop())
                 del loop  # it holds the model's decoding state: gone before the next packs
-        for (backend, rows, agents, prompts, _), generated in zip(calls, outputs, strict=True):
+        for (backend, rows, agents, prompts, _, record), generated in zip(
+            calls, outputs, strict=True
+        ):
             for k, completion_ids in enumerate(generated):
                 row = k // num_samples
-                results[rows[row]].append(
-                    completion_from_ids(
-                        agents[row],
-                        prompts[row],
-                        completion_ids,
-                        backend.eos_ids,
-                        backend.tokenizer,
-                    )
+                completion = completion_from_ids(
+                    agents[row], prompts[row], completion_ids, backend.eos_ids, backend.tokenizer
                 )
+                results[rows[row]].append(completion)
+                if record and self.sampled_states is not None:
+                    prefix = record["prefix"][:, row]
+                    self.sampled_states.add(
+                        completion,
+                        SampledStates(
+                            prefix[:, len(prefix[0]) - (len(prompts[row]) - 1) :],
+                            record["steps"][:, k, : len(completion.completion_ids)],
+                        ),
+                    )
         return results
 
     @contextlib.contextmanager
@@ -261,6 +281,7 @@ class Policies:
         num_samples: int,
         params: SamplingParams,
         sample_seeds: Sequence[int] | None = None,
+        record: dict[str, torch.Tensor] | None = None,
     ) -> Iterator[Callable[[], list[list[int]]]]:
         """Prepares sampling ``num_samples`` continuations of each prompt and yields the
         decode loop, which returns their token ids, rows grouped by prompt. Call it within
@@ -275,6 +296,10 @@ class Policies:
         (static) cache that starts with G copies of the prefill and where each new token's
         keys/values are written in place, with the weights packed for oneDNN (1.6-3.8x
         faster products at a decode step's few rows on CPU; ``onednn``).
+
+        ``record`` (with ``sampled_states`` set, and the fused step): filled with every
+        layer's inputs, ``"prefix"`` [layers, prompts, width - 1, hidden] for the prefill
+        and ``"steps"`` [layers, rows, max_new_tokens, hidden] for the decode steps.
         """
         with torch.inference_mode():
             input_ids, attention_mask, width = backend.pad_batch(prompts)
@@ -290,12 +315,18 @@ class Policies:
             prefix_mask = attention_mask[:, :-1]
             fused = width > 1 and llama_decode_supported(network, head, prefix_mask, backend.router)
             prefix = None
+            recording = record is not None and fused and self.sampled_states is not None
             # the fused step packs its own (concatenated) weights; the prefill's many rows run
             # as fast on the plain ones
             with onednn_linears(backend.model, pack_rows=None if fused else rows):
                 if width > 1 and (num_samples > 1 or fused):
-                    with backend.routed(agents):
+                    with (
+                        backend.routed(agents),
+                        recorded_layer_inputs(network.layers if recording else []) as inputs,
+                    ):
                         output = _last_position_pass(network, head, input_ids[:, :-1], prefix_mask)
+                    if recording:
+                        record["prefix"] = torch.stack(inputs)
                     prefix = _output_cache(output)
                     del output
                     step_ids, positions = step_ids[:, -1:], positions[:, -1:]
@@ -311,8 +342,11 @@ class Policies:
                             backend.router,
                             [backend.adapter[a] for a in row_agents],
                             lend_weights=self.lend_decode_weights,
+                            record_inputs=recording,
                         )
                         forward = step.step
+                        if recording:
+                            record["steps"] = step.inputs
                     else:
                         forward = _static_cache_forward(
                             backend, network, head, mask, prefix, num_samples
@@ -384,6 +418,21 @@ class Policies:
         targets = targets.to(device)
         lengths = torch.tensor([len(c.completion_ids) for c in completions], device=device)
         mask = completion_mask(targets, lengths)
+        if self.sampled_states is not None and not reference and torch.is_grad_enabled():
+            states = self.sampled_states.find(completions)
+            if states is not None:
+                return self._logprobs_from_states(
+                    backend, completions, states, keys, rows, targets, mask
+                )
+            if backend not in self._unrecorded:
+                self._unrecorded.append(backend)
+                logger.warning(
+                    "reuse_sampled_states: sampling recorded no layer inputs for agent(s) %s "
+                    "(recording needs a Llama or Qwen2 model sampled by the fused CPU decode "
+                    "step, in float32 or in bfloat16 on a CPU with oneDNN bfloat16 support); "
+                    "their update runs the ordinary log-prob pass",
+                    ", ".join(backend.agents),
+                )
         grad = torch.no_grad() if reference else contextlib.nullcontext()
         with grad, self._reference_context(backend, reference) as model:
             network, head = backend.split(model)
@@ -433,12 +482,66 @@ class Policies:
                     return LogprobBatch(token_logprobs(logits, targets), mask)
                 prompt_hidden, hidden = prompt_out.last_hidden_state, output.last_hidden_state
             hidden = torch.cat([prompt_hidden[rows, -1:], hidden[:, :-1]], dim=1)
-            real = mask.bool()
-            logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
-            logprobs = logprobs.masked_scatter(
-                real, linear_token_logprobs(hidden[real], head.weight, targets[real], tied)
-            )
-        return LogprobBatch(logprobs, mask)
+            return LogprobBatch(_head_logprobs(hidden, head, targets, mask, tied), mask)
+
+    def _logprobs_from_states(
+        self,
+        backend: _Backend,
+        completions: Sequence[Completion],
+        states: Sequence[SampledStates],
+        keys: list[tuple[str, tuple[int, ...]]],
+        rows: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> LogprobBatch:
+        """``logprobs`` from the layer inputs that sampling recorded (``sampled_states``):
+        the sequence as the decode loop ran it, each prompt minus its last token once, then
+        per completion its prompt's last token and its tokens but the last."""
+        network, head = backend.split(backend.model)
+        unique = list(dict.fromkeys(keys))
+        first = {key: index for index, key in reversed(list(enumerate(keys)))}
+        prompt_agents = [agent for agent, _ in unique]
+        agents = [c.agent for c in completions]
+        prompt_ids, prompt_mask, width = backend.pad_batch([list(p[:-1]) for _, p in unique])
+        last_tokens = torch.tensor([p[-1] for _, p in unique], device=targets.device)
+        step_ids = torch.cat([last_tokens[rows, None], targets[:, :-1]], dim=1)
+        embedding = network.get_input_embeddings()
+        tied = tied_gradient(embedding, head)
+        prompt_embeds, step_embeds = _embed_together(embedding, prompt_ids, step_ids, tied)
+        row_prompt_mask = prompt_mask[rows]
+        hidden = final_hidden_from_states(
+            network,
+            backend.cache_kwarg,
+            dict(
+                inputs_embeds=prompt_embeds,
+                attention_mask=prompt_mask,
+                position_ids=_position_ids(prompt_mask),
+                use_cache=True,
+            ),
+            dict(
+                inputs_embeds=step_embeds,
+                attention_mask=torch.cat([row_prompt_mask, mask.to(prompt_mask.dtype)], dim=1),
+                position_ids=row_prompt_mask.sum(-1, keepdim=True)
+                + torch.arange(targets.shape[1], device=targets.device)[None, :],
+                use_cache=True,
+            ),
+            pad_states([states[first[key]].prefix for key in unique], width, True, prompt_embeds),
+            pad_states([s.steps for s in states], targets.shape[1], False, prompt_embeds),
+            rows,
+            lambda index, layer, of_prompts: self._forwards(
+                backend, layer, prompt_agents if of_prompts else agents, False
+            ),
+        )
+        return LogprobBatch(_head_logprobs(hidden, head, targets, mask, tied), mask)
+
+    @contextlib.contextmanager
+    def _forwards(
+        self, backend: _Backend, module: torch.nn.Module, agents: Sequence[str], reference: bool
+    ) -> Iterator[None]:
+        """The blocks ``module``'s forwards run in: rows routed to ``agents``' adapters,
+        linears through oneDNN, lean SwiGLU MLPs."""
+        with backend.routed(agents, reference), onednn_linears(module), lean_swiglu(module):
+            yield
 
     @contextlib.contextmanager
     def _logprob_pass(
@@ -450,15 +553,12 @@ class Policies:
         layer_index: int | None = None,
     ) -> Iterator[None]:
         """The blocks one forward of the log-prob pass runs in, for the whole model
-        (``module``) or for its decoder layer number ``layer_index`` alone: its rows routed
-        to ``agents``' adapters, linears through oneDNN, lean SwiGLU MLPs; and, with
-        ``gradient_checkpointing``, its decoder layers checkpointed (a replayed layer enters
-        the same blocks again, as they have ended when the backward runs)."""
+        (``module``) or for its decoder layer number ``layer_index`` alone: ``_forwards``;
+        and, with ``gradient_checkpointing``, its decoder layers checkpointed (a replayed
+        layer enters the same blocks again, as they have ended when the backward runs)."""
 
-        @contextlib.contextmanager
-        def forwards(module: torch.nn.Module) -> Iterator[None]:
-            with backend.routed(agents, reference), onednn_linears(module), lean_swiglu(module):
-                yield
+        def forwards(module: torch.nn.Module) -> AbstractContextManager[None]:
+            return self._forwards(backend, module, agents, reference)
 
         with forwards(module):
             if self.gradient_checkpointing and torch.is_grad_enabled():
@@ -513,6 +613,22 @@ class Policies:
             target = directory / backend.adapter[agent]
         backend.tokenizer.save_pretrained(target)
         return target
+
+
+def _head_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    tied: TiedGradient | None,
+) -> torch.Tensor:
+    """[B, T] log-probs of ``targets`` under ``head(hidden)``, computed for the real tokens
+    of ``mask`` only (0 elsewhere)."""
+    real = mask.bool()
+    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    return logprobs.masked_scatter(
+        real, linear_token_logprobs(hidden[real], head.weight, targets[real], tied)
+    )
 
 
 def _embed_together(

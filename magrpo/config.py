@@ -189,6 +189,16 @@ class MAGRPOConfig:
             "option also lends the weights to their packed decode copies while sampling."
         ),
     )
+    reuse_sampled_states: bool = field(
+        default=False,
+        metadata=_help(
+            "Start the update from every decoder layer's input as sampling computed it and "
+            "run its backward one layer at a time from the top: the memory of "
+            "--gradient-checkpointing without its second forward. Gradients equal the "
+            "ordinary pass's up to float rounding. Llama/Qwen2 models sampled on CPU, first "
+            "update epoch; elsewhere the ordinary pass runs."
+        ),
+    )
     optimizer_in_backward: bool = field(
         default=False,
         metadata=_help(
@@ -245,7 +255,8 @@ class MAGRPOConfig:
             "CPU training: 'keep' freed memory for the next step (no page faults on its "
             "gradients and packed weights; higher resident memory), 'release' it to the OS "
             "between phases, 'auto': keep for --finetune full (release with "
-            "--gradient-checkpointing or --optimizer-in-backward), release for LoRA."
+            "--gradient-checkpointing, --reuse-sampled-states or --optimizer-in-backward), "
+            "release for LoRA."
         ),
     )
     sample_side_by_side: bool = field(

@@ -67,19 +67,19 @@ def forwards_in_turn(
     top of the prompts' ``cache``, its row ``rows[b]`` under completion b; run layer by
     layer in turn. The cache ends holding both forwards' keys, as the forwards would leave it.
     """
-    prompt_hidden, prompt_args, prompt_kwargs = _first_layer_inputs(
+    prompt_hidden, prompt_args, prompt_kwargs = first_layer_inputs(
         network, network.layers[0], **prompts, **{cache_kwarg: cache}
     )
     for index, layer in enumerate(network.layers):
         with layer_pass(index, layer, True):
-            prompt_hidden = _hidden(layer(prompt_hidden, *prompt_args, **prompt_kwargs))
+            prompt_hidden = hidden_states(layer(prompt_hidden, *prompt_args, **prompt_kwargs))
         cache.layers[index].reorder_cache(rows)  # index_select: differentiable
         if index == 0:
-            hidden, args, kwargs = _first_layer_inputs(
+            hidden, args, kwargs = first_layer_inputs(
                 network, layer, **completions, **{cache_kwarg: cache}
             )
         with layer_pass(index, layer, False):
-            hidden = _hidden(layer(hidden, *args, **kwargs))
+            hidden = hidden_states(layer(hidden, *args, **kwargs))
     return network.norm(prompt_hidden), network.norm(hidden)
 
 
@@ -89,7 +89,7 @@ class _FirstLayerReached(Exception):
         self.args_, self.kwargs = args, kwargs
 
 
-def _first_layer_inputs(
+def first_layer_inputs(
     network: torch.nn.Module, first_layer: torch.nn.Module, **forward_kwargs
 ) -> tuple[torch.Tensor, tuple, dict]:
     """The hidden states and the other positional and keyword arguments with which
@@ -111,6 +111,6 @@ def _first_layer_inputs(
     raise RuntimeError(f"{type(network).__name__}'s forward did not call its first decoder layer")
 
 
-def _hidden(output) -> torch.Tensor:
+def hidden_states(output) -> torch.Tensor:
     """A decoder layer's hidden states (some models' layers return a tuple)."""
     return output[0] if isinstance(output, tuple) else output

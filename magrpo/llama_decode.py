@@ -178,6 +178,9 @@ class LlamaDecodeStep:
     SmolLM2-135M in float32), and get it back, exact, from :meth:`give_back`, which must
     run before anything else reads them. The output layer keeps its weight: a tied
     embedding is read at every step.
+
+    ``record_inputs``: every layer's input of every step is kept in ``inputs`` [layers,
+    rows, max_new_tokens, hidden] (the update can start from them: ``sampled_states``).
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class LlamaDecodeStep:
         router=None,
         adapters=(),
         lend_weights=False,
+        record_inputs=False,
     ):
         config = network.config
         self.network = network
@@ -238,6 +242,11 @@ class LlamaDecodeStep:
             .view(self.prompts, 1, 1, -1)
         )
         self.length = 0  # generated tokens held per row
+        self.inputs = (
+            head.weight.new_empty(len(self.layers), rows, max_new_tokens, config.hidden_size)
+            if record_inputs
+            else None
+        )
 
     def give_back(self) -> None:
         """Restore the weights lent to the packed copies (``lend_weights``), freeing those
@@ -250,7 +259,9 @@ class LlamaDecodeStep:
         cos, sin = self.network.rotary_emb(x, positions)  # [B, 1, D]: broadcast over heads
         slot, self.length = self.length, self.length + 1
         rows, heads, kv_heads, dim = len(x), self.heads, self.kv_heads, self.head_dim
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
+            if self.inputs is not None:
+                self.inputs[index, :, slot] = x
             projected = layer.qkv(layer.module.input_layernorm(x))
             qk = projected[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
             rotated = torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1)

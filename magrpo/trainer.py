@@ -62,6 +62,7 @@ from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.optimizer_in_backward import BackwardSteps
 from magrpo.rollout import Completion, RolloutResult, run_rollout
+from magrpo.sampled_states import StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,11 @@ class MAGRPOTrainer:
         self.model_paths: list[str] = []  # filled when the trainer loads the models itself
         self.policies = policies or self._load_policies(model_resolver)
         self.policies.side_by_side = config.sample_side_by_side
-        self.saving_memory = config.gradient_checkpointing or config.optimizer_in_backward
+        self.saving_memory = (
+            config.gradient_checkpointing
+            or config.reuse_sampled_states
+            or config.optimizer_in_backward
+        )
         if self.saving_memory:
             # sampling too: the weights give their memory to their packed decode copies
             # (CPU: the fused decode step that packs them runs there only)
@@ -516,6 +521,7 @@ class MAGRPOTrainer:
                     norm = self._optimizer_step(agent)
                     if epoch == 0 and norm is not None:
                         metrics[f"grad_norm/{agent}"] = norm
+            self.policies.sampled_states = None  # the weights have changed
         if self.vllm is not None:
             self.vllm.sync()  # vLLM samples the next rollout with the updated adapters
         # per-process partial sums -> global values (grad norms are already global)
@@ -558,6 +564,8 @@ class MAGRPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         started = time.perf_counter()
+        # sampling records every layer's input, for the update to start from
+        self.policies.sampled_states = StateStore() if self.config.reuse_sampled_states else None
         rollout = self.collect()
         samples, sample_metrics = self.build_samples(rollout)
         update_started = time.perf_counter()

@@ -190,6 +190,59 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
             assert torch.equal(weights[True][agent][name], value), (agent, name)
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_reused_sampled_states_train_as_the_ordinary_pass(
+    tmp_path,
+    tiny_model_path,
+    monkeypatch,
+    epochs,  # noqa: F811
+):
+    """The update starts from sampling's layer inputs in its first epoch only (the weights
+    have changed after it), each weight stepped inside the layer-by-layer backward; one
+    step ends where the ordinary pass's does, up to AdamW's first step on gradients equal up
+    to rounding (sign(g) * lr, so a near-zero gradient's rounding may move it by < lr / 4)."""
+    import magrpo.agents
+
+    calls = {"from states": 0, "log-prob passes": 0}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(
+        magrpo.agents,
+        "final_hidden_from_states",
+        counted("from states", magrpo.agents.final_hidden_from_states),
+    )
+    monkeypatch.setattr(
+        magrpo.agents.Policies,
+        "logprobs",
+        counted("log-prob passes", magrpo.agents.Policies.logprobs),
+    )
+    lr = 1e-2
+    weights = {}
+    for reuse in (False, True):
+        config = make_config(
+            tmp_path / str(reuse), tiny_model_path, finetune="full", max_steps=1,
+            eval_interval=0, save_interval=0, max_grad_norm=None, micro_batch_size=2,
+            learning_rate=lr, optimizer_in_backward=True, reuse_sampled_states=reuse,
+            num_update_epochs=epochs, clip_epsilon=0.2 if epochs > 1 else None,
+        )  # fmt: skip
+        calls.update({"from states": 0, "log-prob passes": 0})
+        trainer, _ = run(config)
+        assert trainer.policies.sampled_states is None  # dropped after the first epoch
+        passes = calls["log-prob passes"]
+        assert passes >= 2 * epochs  # two agents, one micro-batch or more each
+        assert calls["from states"] == (passes // epochs if reuse else 0)
+        weights[reuse] = trainable(trainer)
+    for agent, params in weights[False].items():
+        for name, value in params.items():
+            torch.testing.assert_close(weights[True][agent][name], value, rtol=0, atol=lr / 4)
+
+
 def test_epochs_and_data_order(tmp_path, tiny_model_path):  # noqa: F811
     config = make_config(
         tmp_path / "ep", tiny_model_path, max_steps=None, num_epochs=1, prompts_per_step=2,
