@@ -15,6 +15,9 @@ times ``--steps`` steps phase by phase by wrapping the trainer's own calls:
 - optimizer: gradient clipping + AdamW steps
 - overhead:  the rest (env resets and copies, advantages, batching, metrics)
 
+Each step also records every phase's peak resident memory (this process's ``VmHWM``, reset
+before each call; sandbox children not included), in GiB.
+
 ``--torch-profile step|update|generate`` also records one step (or one phase of it) with
 ``torch.profiler`` and prints the top operators by self CPU time.
 ``--plot PATH`` draws the breakdown as a PNG. Results: JSON on stdout.
@@ -23,6 +26,7 @@ times ``--steps`` steps phase by phase by wrapping the trainer's own calls:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -69,6 +73,7 @@ class PhaseTimer:
     def __init__(self, trainer):
         self.totals: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.peaks: dict[str, float] = defaultdict(float)  # GiB resident, per phase
         policies = trainer.policies
         policies.sample = self._wrap(policies.sample, "generate")
         policies.logprobs = self._wrap(policies.logprobs, "log-probs")
@@ -81,18 +86,38 @@ class PhaseTimer:
 
     def _wrap(self, fn, phase: str):
         def timed(*args, **kwargs):
+            _reset_peak_rss()
             started = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.totals[phase] += time.perf_counter() - started
                 self.calls[phase] += 1
+                self.peaks[phase] = max(self.peaks[phase], _peak_rss_gib())
 
         return timed
 
     def reset(self) -> None:
         self.totals.clear()
         self.calls.clear()
+        self.peaks.clear()
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's resident high-water mark (VmHWM) afresh (Linux; else a no-op)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_gib() -> float:
+    """This process's resident high-water mark since the last reset (0 where unknown)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
 
 
 def torch_profile_step(trainer, scope: str) -> str:
@@ -146,6 +171,7 @@ def profile(args) -> dict:
                 "seconds": total,
                 "phases": {p: phases.get(p, 0.0) for p in PHASES},
                 "calls": dict(timer.calls),
+                "peak_rss_gib": dict(timer.peaks),
                 "generated_tokens": round(metrics["tokens_per_second"] * metrics["time/generate"]),
                 "trained_sequences": metrics.get("trained_sequences"),
                 "completion_length": {k.split("/", 1)[1]: v for k, v in metrics.items()
