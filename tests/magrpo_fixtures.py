@@ -182,6 +182,24 @@ def tiny_model_path_per_architecture(request, tmp_path_factory) -> str:
     return str(build_tiny_model(folder, architecture=request.param))
 
 
+def policies_to_compare(model_path: str, finetune: str):
+    """(policies, agents) for pass-equality tests: one fully fine-tuned agent, or two LoRA
+    agents on a routed shared base whose adapters are non-trivial and differ (peft
+    initialises lora_B to zero)."""
+    import torch
+
+    from magrpo.agents import load_policies
+
+    torch.manual_seed(0)
+    agents = ["alice"] if finetune == "full" else ["alice", "bob"]
+    policies = load_policies(agents, [model_path] * len(agents), finetune=finetune)
+    with torch.no_grad():
+        for name, param in policies.backends[0].model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    return policies, agents
+
+
 def completions_of_two_prompts(policies, agents: list[str]) -> list[Completion]:
     """Three completions of two prompts, ``agents[0]``'s and ``agents[-1]``'s, of different
     lengths (one ends with EOS): a log-prob batch with padding and a shared prompt."""

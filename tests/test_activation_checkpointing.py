@@ -6,6 +6,7 @@ import pytest
 import torch
 from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     completions_of_two_prompts,
+    policies_to_compare,
     tiny_model_path_per_architecture,
 )
 
@@ -41,13 +42,7 @@ def _pass(policies, completions, checkpointing: bool):
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_checkpointed_pass_equals_the_plain_one(tiny_model_path, finetune):
-    torch.manual_seed(0)
-    agents = ["alice"] if finetune == "full" else ["alice", "bob"]  # lora: routed shared base
-    policies = load_policies(agents, [tiny_model_path] * len(agents), finetune=finetune)
-    with torch.no_grad():  # non-trivial, different adapters
-        for name, param in policies.backends[0].model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.3)
+    policies, agents = policies_to_compare(tiny_model_path, finetune)
     completions = completions_of_two_prompts(policies, agents)
     logprobs, grads, saved = _pass(policies, completions, checkpointing=False)
     checkpointed, checkpointed_grads, checkpointed_saved = _pass(policies, completions, True)

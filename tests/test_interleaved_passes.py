@@ -8,6 +8,7 @@ import pytest
 import torch
 from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     completions_of_two_prompts,
+    policies_to_compare,
     tiny_model_path_per_architecture,
 )
 
@@ -43,14 +44,8 @@ def _pass(policies, completions, in_turn: bool):
 def test_passes_in_turn_compute_what_the_passes_one_after_the_other_do(
     tiny_model_path, finetune, checkpointing
 ):
-    torch.manual_seed(0)
-    agents = ["alice"] if finetune == "full" else ["alice", "bob"]  # lora: routed shared base
-    policies = load_policies(agents, [tiny_model_path] * len(agents), finetune=finetune)
+    policies, agents = policies_to_compare(tiny_model_path, finetune)
     policies.gradient_checkpointing = checkpointing
-    with torch.no_grad():  # non-trivial, different adapters
-        for name, param in policies.backends[0].model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.3)
     completions = completions_of_two_prompts(policies, agents)
     logprobs, grads = _pass(policies, completions, in_turn=False)
     in_turn, in_turn_grads = _pass(policies, completions, in_turn=True)

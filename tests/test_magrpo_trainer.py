@@ -193,9 +193,9 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_reused_sampled_states_train_as_the_ordinary_pass(
     tmp_path,
-    tiny_model_path,
+    tiny_model_path,  # noqa: F811
     monkeypatch,
-    epochs,  # noqa: F811
+    epochs,
 ):
     """The update starts from sampling's layer inputs in its first epoch only (the weights
     have changed after it), each weight stepped inside the layer-by-layer backward; one

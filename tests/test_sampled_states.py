@@ -8,6 +8,7 @@ import pytest
 import torch
 from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     completions_of_two_prompts,
+    policies_to_compare,
     tiny_model_path_per_architecture,
 )
 
@@ -58,13 +59,7 @@ def _sampled(policies, agents):
 def test_the_pass_from_sampled_states_computes_what_the_ordinary_pass_does(
     tiny_model_path, finetune
 ):
-    torch.manual_seed(0)
-    agents = ["alice"] if finetune == "full" else ["alice", "bob"]  # lora: routed shared base
-    policies = load_policies(agents, [tiny_model_path] * len(agents), finetune=finetune)
-    with torch.no_grad():  # non-trivial, different adapters
-        for name, param in policies.backends[0].model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.3)
+    policies, agents = policies_to_compare(tiny_model_path, finetune)
     completions = _sampled(policies, agents)
     store = policies.sampled_states
     assert store.find(completions) is not None
