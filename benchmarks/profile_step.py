@@ -62,7 +62,7 @@ def build_trainer(args, output_dir: str):
         gradient_checkpointing=args.gradient_checkpointing,
         optimizer_in_backward=args.optimizer_in_backward,
         reuse_sampled_states=args.reuse_sampled_states,
-        sample_side_by_side=args.sample_side_by_side,
+        sample_side_by_side=args.sample_side_by_side, cpu_heap=args.cpu_heap,
     )
     return EqualWorkTrainer(config, make_env(config, args.split))
 
@@ -236,6 +236,8 @@ def parse_args(argv=None):
                    help="The memory option of the same name (see README).")
     p.add_argument("--sample-side-by-side", action=argparse.BooleanOptionalAction,
                    default=True, help="The trainer option of the same name (see README).")
+    p.add_argument("--cpu-heap", choices=("auto", "keep", "release"), default="auto",
+                   help="The trainer option of the same name (see README).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)

@@ -1,20 +1,24 @@
 """The model's linear layers through oneDNN instead of the BLAS library, on CPU.
 
 torch sends a float32 ``F.linear`` on CPU to its BLAS library's generic GEMM (MKL in the
-x86 wheels) and only lower precisions to oneDNN. On the 2-core machine we measured on (AMD
-Zen 4), oneDNN's inner product is faster at every float32 shape of a step
-(``benchmarks/linear_kernels.py``; docs/benchmarks.md): 1.6-3.8x at a decode step's 8 rows
-when the weight is first reordered into oneDNN's blocked layout (1.3-1.6x in bfloat16), and
-1.05-1.4x forward, 1.4-1.9x for the input gradient at an update's few hundred rows, on the
-weight as it is. So:
+x86 wheels) and only lower precisions to oneDNN. Which is faster depends on the CPU
+(``benchmarks/linear_kernels.py``; docs/benchmarks.md):
+
+- at a decode step's 8 rows, oneDNN on a weight first reordered into its blocked layout,
+  everywhere we measured: 1.6-3.8x on an AMD Zen 4 (AVX-512), 1.5-2.9x on a Zen 3 (AVX2);
+- at an update's few hundred rows on the weight as it is, oneDNN on AVX-512 (Zen 4:
+  1.05-1.4x forward, 1.4-1.9x input gradient) but MKL on AVX2 (Zen 3: the LoRA update took
+  5.0 s with MKL against 6.1-7.0 s with oneDNN, in one process, alternating).
+
+So:
 
 - :func:`onednn_linears` ``(model, pack_rows=...)``, for decoding (no gradients): each
   weight is packed once per call of the block; the packed copies (one copy of the linear
   weights) live only while it runs, and a training step's peak, reached in the update, is
   unchanged.
-- :func:`onednn_linears` ``(model)``, for the training pass: plain weights, no copies, an
-  autograd function whose input gradient is oneDNN's too (the weight gradient of full
-  fine-tuning stays torch's, as fast here on transposed operands).
+- :func:`onednn_linears` ``(model)``, for the training pass, where :func:`plain_weights_pay`:
+  plain weights, no copies, an autograd function whose input gradient is oneDNN's too (the
+  weight gradient of full fine-tuning stays torch's, as fast here on transposed operands).
 
 Results differ from ``F.linear`` by float rounding only (another summation order). Outside
 a block, and where oneDNN or the dtype is not supported (GPU, float64, other builds), the
@@ -42,6 +46,16 @@ def onednn_available(device: torch.device) -> bool:
     )
 
 
+# what the CPU kernels of this torch build were dispatched for ("AVX2", "AVX512", ...)
+_CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()
+
+
+def plain_weights_pay() -> bool:
+    """Whether oneDNN on the weights as they are beats the BLAS library at the training
+    pass's products: measured so on AVX-512 CPUs, and the other way round on AVX2 (above)."""
+    return _CPU_CAPABILITY.startswith("AVX512")
+
+
 @functools.cache
 def onednn_supports(dtype: torch.dtype) -> bool:
     """float32 always; bfloat16 only on CPUs with the instructions oneDNN's bfloat16 products
@@ -59,10 +73,16 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
 
     ``pack_rows``: multiply with copies of the weights packed for about that many input
     rows (inference only: no gradients, and a block must not span an optimizer step).
-    A no-op where oneDNN is unavailable.
+    A no-op where oneDNN is unavailable, and without ``pack_rows`` where the BLAS library
+    is the faster (:func:`plain_weights_pay`).
     """
     parameter = next(model.parameters(), None)
-    if parameter is None or not onednn_available(parameter.device):
+    if (
+        parameter is None
+        or not onednn_available(parameter.device)
+        or pack_rows is None
+        and not plain_weights_pay()
+    ):
         yield
         return
     if pack_rows is not None:

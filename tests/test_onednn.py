@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 
+from magrpo import onednn
 from magrpo.onednn import onednn_available, onednn_linears, onednn_supports
 
 pytestmark = pytest.mark.skipif(
@@ -18,6 +19,13 @@ BFLOAT16 = pytest.param(
         not onednn_supports(torch.bfloat16), reason="this CPU has no oneDNN bfloat16 products"
     ),
 )
+
+
+@pytest.fixture(autouse=True)
+def _plain_weights_everywhere(monkeypatch):
+    """The training pass's oneDNN products are tested on every CPU, also where the BLAS
+    library is the faster and the trainer leaves them to it."""
+    monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX512")
 
 
 def _reference_and_onednn(layer, x, grad_output):
@@ -96,3 +104,13 @@ def test_packed_model_gives_the_same_logits(tiny_model_path):  # noqa: F811
             got = model(input_ids=ids).logits
     assert torch.allclose(got, expected, atol=1e-4)
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("capability, plain", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+def test_training_pass_leaves_avx2_cpus_to_the_blas_library(monkeypatch, capability, plain):
+    monkeypatch.setattr(onednn, "_CPU_CAPABILITY", capability)
+    layer = torch.nn.Linear(16, 8)
+    with onednn_linears(layer):
+        assert ("forward" in vars(layer)) is plain
+    with onednn_linears(layer, pack_rows=8):  # decoding packs everywhere: faster on both
+        assert "forward" in vars(layer)
