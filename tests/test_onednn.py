@@ -106,7 +106,9 @@ def test_packed_model_gives_the_same_logits(tiny_model_path):  # noqa: F811
     assert not any("forward" in vars(m) for m in model.modules())
 
 
-@pytest.mark.parametrize("capability, plain", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+@pytest.mark.parametrize(
+    "capability, plain", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)]
+)
 def test_training_pass_leaves_avx2_cpus_to_the_blas_library(monkeypatch, capability, plain):
     monkeypatch.setattr(onednn, "_CPU_CAPABILITY", capability)
     layer = torch.nn.Linear(16, 8)

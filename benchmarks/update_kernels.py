@@ -1,0 +1,80 @@
+"""A step's products with oneDNN on the plain weights against the BLAS library (MKL), in one
+process, alternating: what ``magrpo.onednn.plain_weights_pay`` decides per CPU.
+
+    .venv/bin/python benchmarks/update_kernels.py                      # LoRA, 6 rounds
+    .venv/bin/python benchmarks/update_kernels.py --finetune full --reuse-sampled-states \\
+        --optimizer-in-backward --no-sample-side-by-side
+
+Each round samples a new rollout and updates on it once with each kernel choice (the order
+alternates between rounds), on the trainer and settings of ``profile_step.py``. The choice
+applies to the prefill of sampling and to the update's forward and input gradients; decode
+steps use packed oneDNN weights either way. Prints the median seconds of sampling and of
+the update per choice. Alternating in one process cancels most of a shared VM's drift.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import profile_step  # noqa: E402
+
+CHOICES = {"oneDNN": "AVX512", "BLAS": "AVX2"}  # the CPU capability each choice implies
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="Other options: those of profile_step.py."
+    )
+    p.add_argument("--rounds", type=int, default=6)
+    ours, rest = p.parse_known_args(argv)
+    args = profile_step.parse_args(rest)
+    if args.model is None:
+        from magrpo.models import resolve_model
+
+        args.model = resolve_model(None)
+    from magrpo import onednn
+    from magrpo.sampled_states import StateStore
+
+    seconds = {choice: {"generate": [], "update": []} for choice in CHOICES}
+    with tempfile.TemporaryDirectory(prefix="bench-kernels-") as out_dir:
+        trainer = profile_step.build_trainer(args, out_dir)
+        trainer.train_step()  # warm-up
+        for round_index in range(ours.rounds):
+            order = list(CHOICES) if round_index % 2 == 0 else list(reversed(CHOICES))
+            for choice in order:
+                onednn._CPU_CAPABILITY = CHOICES[choice]
+                reuse = args.reuse_sampled_states
+                trainer.policies.sampled_states = StateStore() if reuse else None
+                started = time.perf_counter()
+                rollout = trainer.collect()
+                samples, _ = trainer.build_samples(rollout)
+                sampled = time.perf_counter()
+                trainer.update(samples)
+                updated = time.perf_counter()
+                seconds[choice]["generate"].append(sampled - started)
+                seconds[choice]["update"].append(updated - sampled)
+                print(
+                    f"round {round_index} {choice}: sample {sampled - started:.2f} s, "
+                    f"update {updated - sampled:.2f} s", file=sys.stderr, flush=True,
+                )
+    medians = {
+        choice: {phase: statistics.median(values) for phase, values in phases.items()}
+        for choice, phases in seconds.items()
+    }
+    result = {"settings": vars(args) | {"rounds": ours.rounds}, "median_seconds": medians,
+              "seconds": seconds}
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
