@@ -216,6 +216,8 @@ def plot(result: dict, path: Path, title: str) -> None:
 
 
 def parse_args(argv=None):
+    from magrpo.config import CPU_HEAP_POLICIES
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="Model folder (default: resolve_model()).")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -236,7 +238,7 @@ def parse_args(argv=None):
                    help="The memory option of the same name (see README).")
     p.add_argument("--sample-side-by-side", action=argparse.BooleanOptionalAction,
                    default=True, help="The trainer option of the same name (see README).")
-    p.add_argument("--cpu-heap", choices=("auto", "keep", "release"), default="auto",
+    p.add_argument("--cpu-heap", choices=CPU_HEAP_POLICIES, default="auto",
                    help="The trainer option of the same name (see README).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)

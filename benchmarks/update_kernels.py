@@ -5,8 +5,9 @@ process, alternating: what ``magrpo.onednn.plain_weights_pay`` decides per CPU.
     .venv/bin/python benchmarks/update_kernels.py --finetune full --reuse-sampled-states \\
         --optimizer-in-backward --no-sample-side-by-side
 
-Each round samples a new rollout and updates on it once with each kernel choice (the order
-alternates between rounds), on the trainer and settings of ``profile_step.py``. The choice
+Each round runs one training step (a new rollout, and the update on it) with each kernel
+choice, the order alternating between rounds, on the trainer and settings of
+``profile_step.py``. The choice
 applies to the prefill of sampling and to the update's forward and input gradients; decode
 steps use packed oneDNN weights either way. Prints the median seconds of sampling and of
 the update per choice. Alternating in one process cancels most of a shared VM's drift.
@@ -18,7 +19,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,7 +42,6 @@ def main(argv=None) -> int:
 
         args.model = resolve_model(None)
     from magrpo import onednn
-    from magrpo.sampled_states import StateStore
 
     seconds = {choice: {"generate": [], "update": []} for choice in CHOICES}
     with tempfile.TemporaryDirectory(prefix="bench-kernels-") as out_dir:
@@ -52,19 +51,12 @@ def main(argv=None) -> int:
             order = list(CHOICES) if round_index % 2 == 0 else list(reversed(CHOICES))
             for choice in order:
                 onednn._CPU_CAPABILITY = CHOICES[choice]
-                reuse = args.reuse_sampled_states
-                trainer.policies.sampled_states = StateStore() if reuse else None
-                started = time.perf_counter()
-                rollout = trainer.collect()
-                samples, _ = trainer.build_samples(rollout)
-                sampled = time.perf_counter()
-                trainer.update(samples)
-                updated = time.perf_counter()
-                seconds[choice]["generate"].append(sampled - started)
-                seconds[choice]["update"].append(updated - sampled)
+                metrics = trainer.train_step()
+                for phase in ("generate", "update"):
+                    seconds[choice][phase].append(metrics[f"time/{phase}"])
                 print(
-                    f"round {round_index} {choice}: sample {sampled - started:.2f} s, "
-                    f"update {updated - sampled:.2f} s", file=sys.stderr, flush=True,
+                    f"round {round_index} {choice}: sample {metrics['time/generate']:.2f} s, "
+                    f"update {metrics['time/update']:.2f} s", file=sys.stderr, flush=True,
                 )
     medians = {
         choice: {phase: statistics.median(values) for phase, values in phases.items()}

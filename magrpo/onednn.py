@@ -80,8 +80,7 @@ def onednn_linears(model: torch.nn.Module, pack_rows: int | None = None) -> Iter
     if (
         parameter is None
         or not onednn_available(parameter.device)
-        or pack_rows is None
-        and not plain_weights_pay()
+        or (pack_rows is None and not plain_weights_pay())
     ):
         yield
         return
