@@ -5,6 +5,7 @@ forward, in ``Policies.sample``, on CPU.
     .venv/bin/python benchmarks/decode_step.py --architecture qwen2 # random Qwen2, same shape
     .venv/bin/python benchmarks/decode_step.py --finetune full --repeats 6
     .venv/bin/python benchmarks/decode_step.py --finetune full --against one-at-a-time
+    .venv/bin/python benchmarks/decode_step.py --against onednn     # the products' kernel
 
 Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
 alternate in one process (same prompts, same seeds, so the same work), after one warm-up
@@ -13,7 +14,9 @@ shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a d
 depends on the shapes, not on the weights' values. ``--against one-at-a-time`` (full
 fine-tuning: one model per agent) measures instead the two models decoding side by side,
 one share of the threads each (``magrpo/threads.py``), against one model after the other
-(``Policies.side_by_side`` off), both with the fused step. Prints seconds per ``sample`` call.
+(``Policies.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
+fused step's products by the blocked kernel (``magrpo/blocked_products.py``) against oneDNN's
+on packed weights. Prints seconds per ``sample`` call.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import torch
 
 import magrpo.agents as agents_module
+import magrpo.llama_decode as llama_decode
 from magrpo.agents import SamplingParams, load_policies
 from magrpo.models import resolve_model
 
@@ -79,10 +83,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--against",
-        choices=("transformers", "one-at-a-time"),
+        choices=("transformers", "one-at-a-time", "onednn"),
         default="transformers",
-        help="the fused step against transformers' forward, or (--finetune full) models "
-        "decoding side by side against one after the other",
+        help="the fused step against transformers' forward, (--finetune full) models "
+        "decoding side by side against one after the other, or the blocked kernel's "
+        "products against oneDNN's",
     )
     args = parser.parse_args()
     if args.against == "one-at-a-time" and args.finetune != "full":
@@ -101,12 +106,16 @@ def main() -> None:
         )
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
         supported = agents_module.llama_decode_supported
+        blocked_pay = llama_decode.blocked_products_pay
 
         def sample(new: bool) -> float:
-            """One ``sample`` call: the new way (fused step, models side by side) or the old."""
+            """One ``sample`` call: the new way (fused step, models side by side, blocked
+            products where they pay) or the old."""
             fused = new or args.against != "transformers"
             agents_module.llama_decode_supported = supported if fused else (lambda *_, **__: False)
-            policies.side_by_side = new or args.against == "transformers"
+            policies.side_by_side = new or args.against != "one-at-a-time"
+            blocked = new or args.against != "onednn"
+            llama_decode.blocked_products_pay = blocked_pay if blocked else (lambda rows: False)
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -119,12 +128,13 @@ def main() -> None:
                     times[new].append(sample(new))
         finally:
             agents_module.llama_decode_supported = supported
+            llama_decode.blocked_products_pay = blocked_pay
     new, old = statistics.median(times[True]), statistics.median(times[False])
-    new_name, old_name = (
-        ("fused step", "transformers' forward")
-        if args.against == "transformers"
-        else ("models side by side", "one at a time")
-    )
+    new_name, old_name = {
+        "transformers": ("fused step", "transformers' forward"),
+        "one-at-a-time": ("models side by side", "one at a time"),
+        "onednn": ("blocked products", "oneDNN's"),
+    }[args.against]
     print(
         f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "
         f"{args.max_new_tokens} tokens: {new_name} {new:.2f} s per sample call, "

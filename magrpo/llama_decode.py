@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from magrpo.blocked_products import BlockedProduct, blockable, blocked_products_pay
 from magrpo.heap import release_free_heap
 from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
@@ -89,38 +90,38 @@ def _owns_memory(weight: torch.Tensor) -> bool:
 
 
 class _FusedProduct:
-    """Linear layers that read the same input, as one packed product plus their adapters.
+    """Linear layers that read the same input, as one product plus their adapters.
 
-    ``lend``: the layers' own weights give their memory up to the packed copy until
-    :meth:`give_back` (weights that share their memory with other tensors keep it)."""
+    The product is :class:`BlockedProduct` where it pays (``blocked_products``), else
+    oneDNN's on a packed copy. ``lend``: the layers' own weights give their memory up to
+    the product until :meth:`give_back` (weights that share their memory with other
+    tensors keep it): blocked in place, or freed while their packed copy lives.
+    """
 
     def __init__(
         self, linears: Sequence[torch.nn.Module], rows: int, router, scales, lend: bool = False
     ):
         bases = [_base(linear) for linear in linears]
         weights = [b.weight.detach() for b in bases]
-        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        self.weight = pack_weight(weight, rows)
-        starts = [0, *itertools.accumulate(len(w) for w in weights)]
-        self.lent = [
-            (w, starts[k], starts[k + 1]) for k, w in enumerate(weights) if lend and _owns_memory(w)
-        ]
-        del weight
-        for lent, _, _ in self.lent:
-            lent.untyped_storage().resize_(0)
-        self.bias = None
+        bias = None
         if any(b.bias is not None for b in bases):
-            self.bias = torch.cat(
+            bias = torch.cat(
                 [
                     b.bias.detach() if b.bias is not None else b.weight.new_zeros(len(b.weight))
                     for b in bases
                 ]
             )
+        lent = [lend and _owns_memory(w) for w in weights]
+        if blocked_products_pay(rows) and blockable(weights):
+            self.product = BlockedProduct(weights, bias, in_place=lent)
+        else:
+            self.product = _PackedProduct(weights, rows, bias, lent)
         self.lora = None
         adapted = [k for k, linear in enumerate(linears) if linear is not bases[k]]
         if adapted:
             # The adapters of all fused layers as one (A, B) pair: A stacked on the rank
             # dimension, B block-placed at each layer's output rows.
+            starts = [0, *itertools.accumulate(len(w) for w in weights)]
             a_parts = []
             b_full = weights[0].new_zeros(starts[-1], len(adapted) * scales.shape[1])
             for n, k in enumerate(adapted):
@@ -135,6 +136,34 @@ class _FusedProduct:
             )
 
     def give_back(self) -> None:
+        self.product.give_back()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.product(x, residual)
+        if self.lora is not None:
+            lora_a, scales, lora_b_t = self.lora
+            y.addmm_(F.linear(x, lora_a).mul_(scales), lora_b_t)
+        return y
+
+
+class _PackedProduct:
+    """The weights concatenated and packed for oneDNN; ``lent[j]``: weight j's memory is
+    freed while the packed copy lives."""
+
+    def __init__(self, weights, rows: int, bias, lent: Sequence[bool]):
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        self.weight = pack_weight(weight, rows)
+        del weight
+        starts = [0, *itertools.accumulate(len(w) for w in weights)]
+        self.lent = [(w, starts[k], starts[k + 1]) for k, w in enumerate(weights) if lent[k]]
+        for lent_weight, _, _ in self.lent:
+            lent_weight.untyped_storage().resize_(0)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return inner_product(x, self.weight, self.bias, residual)
+
+    def give_back(self) -> None:
         """The lent weights, exactly as they were: oneDNN's packed layout converts back
         without rounding."""
         if not self.lent:
@@ -144,13 +173,6 @@ class _FusedProduct:
             weight.untyped_storage().resize_(weight.numel() * weight.element_size())
             weight.copy_(dense[start:stop])
         self.lent = []
-
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = inner_product(x, self.weight, self.bias, residual)
-        if self.lora is not None:
-            lora_a, scales, lora_b_t = self.lora
-            y.addmm_(F.linear(x, lora_a).mul_(scales), lora_b_t)
-        return y
 
 
 class _Layer(NamedTuple):

@@ -4,6 +4,8 @@ import pytest
 import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
+import magrpo.llama_decode as llama_decode
+from magrpo import blocked_products
 from magrpo.agents import (
     SamplingParams,
     _last_position_pass,
@@ -19,8 +21,18 @@ PROMPTS = [("alice", "say some words again please"), ("bob", "task")]  # left pa
 GROUP = 3
 
 
+@pytest.fixture(params=["blocked", "onednn"])
+def decode_kernel(request, monkeypatch):
+    """The decode step's products by each kernel, whichever this CPU would pick."""
+    if request.param == "blocked" and blocked_products.library() is None:
+        pytest.skip("the blocked-products kernel cannot be built here (see the log)")
+    blocked = request.param == "blocked"
+    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: blocked)
+    return request.param
+
+
 @pytest.fixture
-def policies(tiny_model_path_per_architecture):  # noqa: F811
+def policies(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
     torch.manual_seed(0)
     loaded = load_policies(AGENTS, [tiny_model_path_per_architecture] * 2)
     with torch.no_grad():  # adapters that change the logits, differently per agent
@@ -165,7 +177,7 @@ def test_unsupported_models_keep_the_transformers_forward(
 
 
 @pytest.fixture
-def full_model(tiny_model_path_per_architecture):  # noqa: F811
+def full_model(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
     """A fully fine-tuned model's policies, its weights each on memory of its own."""
     full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
     separate_weights(full.backends[0].model)
@@ -185,17 +197,26 @@ def _full_step(policies, lend: bool):
     return step, last, positions
 
 
-def _layer_weights(model):
-    return [p for n, p in model.named_parameters() if "layers." in n and n.endswith("proj.weight")]
+def _layer_weights(model) -> dict[str, torch.nn.Parameter]:
+    named = model.named_parameters()
+    return {n: p for n, p in named if "layers." in n and n.endswith("proj.weight")}
 
 
-def test_lent_weights_decode_the_same_and_come_back_exactly(full_model):
+def _lent(weight: torch.Tensor, before: torch.Tensor, kernel: str) -> bool:
+    """Whether the decode step holds ``weight``'s memory: blocked in place (the blocked
+    kernel) or freed for a packed copy (oneDNN)."""
+    if kernel == "blocked":
+        return weight.untyped_storage().nbytes() > 0 and not torch.equal(weight, before)
+    return weight.untyped_storage().nbytes() == 0
+
+
+def test_lent_weights_decode_the_same_and_come_back_exactly(full_model, decode_kernel):
     model = full_model.backends[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     logits = {}
     for lend in (False, True):
         step, ids, positions = _full_step(full_model, lend)
-        lent = [w.untyped_storage().nbytes() == 0 for w in _layer_weights(model)]
+        lent = [_lent(w, before[n], decode_kernel) for n, w in _layer_weights(model).items()]
         assert all(lent) if lend else not any(lent)
         with torch.inference_mode():
             logits[lend] = [step.step(ids, positions + k) for k in range(3)]
@@ -208,20 +229,24 @@ def test_lent_weights_decode_the_same_and_come_back_exactly(full_model):
     assert model.get_output_embeddings().weight.untyped_storage().nbytes() > 0
 
 
-def test_weights_lent_before_packing_fails_come_back(full_model, monkeypatch):
-    import magrpo.llama_decode as llama_decode
-
+def test_weights_lent_before_packing_fails_come_back(full_model, decode_kernel, monkeypatch):
     model = full_model.backends[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    original, calls = llama_decode.pack_weight, []
+    # oneDNN packs each fused product once; the blocked kernel blocks each weight
+    module, name, fail_at = (
+        (blocked_products, "_transpose_blocks", 9)  # within layer 2's q, k, v
+        if decode_kernel == "blocked"
+        else (llama_decode, "pack_weight", 6)  # layer 2's o, after layer 1 was lent
+    )
+    original, calls = getattr(module, name), []
 
-    def failing(weight, rows):
+    def failing(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 6:  # in the second layer, after the first layer's weights were lent
+        if len(calls) == fail_at:
             raise RuntimeError("out of memory")
-        return original(weight, rows)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(llama_decode, "pack_weight", failing)
+    monkeypatch.setattr(module, name, failing)
     with pytest.raises(RuntimeError, match="out of memory"):
         _full_step(full_model, lend=True)
     for name, param in model.named_parameters():
@@ -231,10 +256,11 @@ def test_weights_lent_before_packing_fails_come_back(full_model, monkeypatch):
 
 def test_weights_that_share_their_memory_are_not_lent_until_separated(
     tiny_model_path_per_architecture,  # noqa: F811
+    decode_kernel,
 ):
     full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
     model = full.backends[0].model
-    weights = _layer_weights(model)
+    weights = list(_layer_weights(model).values())
     shared = torch.cat([w.detach().reshape(-1) for w in weights])  # one buffer, as on load
     offset = 0
     for weight in weights:
@@ -242,6 +268,7 @@ def test_weights_that_share_their_memory_are_not_lent_until_separated(
         offset += weight.numel()
     values = [w.detach().clone() for w in weights]
     step, _, _ = _full_step(full, lend=True)
+    assert not any(_lent(w, v, decode_kernel) for w, v in zip(weights, values, strict=True))
     assert all(w.untyped_storage().nbytes() == shared.untyped_storage().nbytes() for w in weights)
     step.give_back()
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -250,7 +277,7 @@ def test_weights_that_share_their_memory_are_not_lent_until_separated(
     assert len({w.untyped_storage().data_ptr() for w in weights}) == len(weights)
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
     step, _, _ = _full_step(full, lend=True)
-    assert all(w.untyped_storage().nbytes() == 0 for w in weights)
+    assert all(_lent(w, v, decode_kernel) for w, v in zip(weights, values, strict=True))
     step.give_back()
     assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
 

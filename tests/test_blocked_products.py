@@ -1,0 +1,105 @@
+"""The decode steps' AVX2 kernel (magrpo/blocked_products.py) against torch's products."""
+
+import logging
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from magrpo import blocked_products, onednn
+from magrpo.blocked_products import BLOCK, BlockedProduct, blockable, blocked_products_pay
+
+pytestmark = pytest.mark.skipif(
+    blocked_products.library() is None, reason="the kernel cannot be built here (see the log)"
+)
+
+K = 40  # not a multiple of the 8 floats of an AVX register
+
+
+def _weights(*widths, k=K):
+    return [torch.randn(n, k) for n in widths]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 33])
+def test_products_equal_torch_with_bias_and_residual(rows):
+    torch.manual_seed(rows)
+    weights = _weights(16, 48, 32)
+    bias = torch.randn(96)
+    x = torch.randn(rows, K + 7)[:, 3 : 3 + K]  # rows with a stride of their own
+    residual = torch.randn(rows, 96)
+    expected = F.linear(x, torch.cat(weights), bias) + residual
+    product = BlockedProduct(weights, bias)
+    torch.testing.assert_close(product(x, residual), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(product(x), F.linear(x, torch.cat(weights), bias))
+    assert torch.equal(product(x), product(x))  # no state carried between calls
+    no_bias = BlockedProduct(weights[:1])
+    torch.testing.assert_close(no_bias(x), x @ weights[0].t(), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_blocked_in_place_come_back_exactly():
+    weights = _weights(32, 16, k=24)
+    originals = [w.clone() for w in weights]
+    pointers = [w.data_ptr() for w in weights]
+    x = torch.randn(3, 24)
+    product = BlockedProduct(weights, in_place=[True, False])
+    # the first is its own memory, permuted block by block; the second was copied
+    assert [w.data_ptr() for w in weights] == pointers
+    blocked = originals[0].view(-1, BLOCK, 24).transpose(1, 2).reshape(32, 24)
+    assert torch.equal(weights[0], blocked)
+    assert torch.equal(weights[1], originals[1])
+    torch.testing.assert_close(product(x), x @ torch.cat(originals).t(), rtol=1e-5, atol=1e-5)
+    product.give_back()
+    assert all(torch.equal(w, o) for w, o in zip(weights, originals, strict=True))
+    with pytest.raises(RuntimeError, match="after give_back"):
+        product(x)
+
+
+def test_kernel_runs_on_torchs_threads():
+    """torch.set_num_threads (per thread, as side-by-side sampling sets it) reaches the
+    kernel: one OpenMP runtime, not two competing for the cores."""
+    kernel = blocked_products.library()
+    assert kernel.max_threads() == torch.get_num_threads()
+    seen = []
+
+    def worker():
+        torch.set_num_threads(1)
+        seen.append(kernel.max_threads())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [1]
+
+
+def test_only_supported_weights_are_blockable():
+    assert blockable(_weights(16, 32))
+    assert not blockable(_weights(24))  # not whole blocks
+    assert not blockable([torch.randn(16, K), torch.randn(16, K + 1)])  # different inputs
+    assert not blockable([torch.randn(16, K, dtype=torch.float64)])
+    assert not blockable([torch.randn(K, 16).t()])  # not contiguous
+
+
+def test_used_on_avx2_cpus_for_few_rows(monkeypatch):
+    monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX2")
+    assert blocked_products_pay(8)
+    assert not blocked_products_pay(blocked_products.MAX_ROWS + 1)
+    monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX512")
+    assert not blocked_products_pay(8)
+
+
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
+def test_a_missing_or_failing_compiler_leaves_onednn_with_a_warning(
+    compiler, monkeypatch, tmp_path, caplog
+):
+    monkeypatch.setenv("CXX", compiler)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no kernel built before
+    monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX2")
+    blocked_products.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="magrpo.blocked_products"):
+            assert blocked_products.library() is None
+            assert not blocked_products_pay(8)
+    finally:
+        blocked_products.library.cache_clear()
+    assert "oneDNN" in caplog.text
