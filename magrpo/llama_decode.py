@@ -7,9 +7,10 @@ top. The G samples of a prompt also each attend over their own copy of the promp
 values: with G = 4 and 64 new tokens after a 270-token prompt, two thirds of what attention
 reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of both:
 
-- the products that read one input (q, k, v; gate, up) are one oneDNN product over their
-  weights concatenated and packed once per ``sample`` call (``onednn``); o and down add the
-  residual inside the product;
+- the products that read one input (q, k, v; gate, up) are one product over their weights,
+  prepared once per ``sample`` call: by the blocked kernel on AVX2 CPUs
+  (``blocked_products``), else by oneDNN on the weights concatenated and packed
+  (``onednn``); o and down add the residual inside the product;
 - LoRA adapters, routed per row (``lora_routing``), add two small matmuls per fused product;
 - attention is split in two ("cascade" attention): the queries of a prompt's G rows attend
   to the one copy of the prompt's keys and values as a single query block, each row attends
@@ -195,11 +196,11 @@ class LlamaDecodeStep:
     are the prompts repeated ``num_samples`` times, row i running ``adapters[i]`` of
     ``router``. Check :func:`llama_decode_supported` first.
 
-    ``lend_weights``: the decoder layers' weights give their memory up to their packed
-    copies while the step lives (one copy of the layers instead of two: 0.5 GiB for
-    SmolLM2-135M in float32), and get it back, exact, from :meth:`give_back`, which must
-    run before anything else reads them. The output layer keeps its weight: a tied
-    embedding is read at every step.
+    ``lend_weights``: the decoder layers' weights give their memory up to their products
+    while the step lives (blocked in place, or freed for oneDNN's packed copies: one copy of
+    the layers instead of two, 0.5 GiB for SmolLM2-135M in float32), and get it back,
+    exact, from :meth:`give_back`, which must run before anything else reads them. The
+    output layer keeps its weight: a tied embedding is read at every step.
 
     ``record_inputs``: every layer's input of every step is kept in ``inputs`` [layers,
     rows, max_new_tokens, hidden] (the update can start from them: ``sampled_states``).
