@@ -95,6 +95,7 @@ class BlockedProduct:
             self.give_back()
             raise
         self.width = sum(len(w) for w in weights)
+        self.fan_in = weights[0].shape[1]
         self.bias = bias.contiguous() if bias is not None else None
         self._weights = (_pointer * len(weights))(*(w.data_ptr() for w in self._blocked))
         self._widths = (_long * len(weights))(*(len(w) for w in weights))
@@ -102,10 +103,12 @@ class BlockedProduct:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self._blocked is None:
             raise RuntimeError("BlockedProduct called after give_back()")
-        x = _rows(x)
+        x = _rows(x, self.fan_in)
         out = x.new_empty(len(x), self.width)
         if residual is not None:
-            residual = _rows(residual)
+            residual = _rows(residual, self.width)
+            if len(residual) != len(x):
+                raise ValueError(f"{len(residual)} residual rows for {len(x)} input rows")
         self._kernel.blocked_products(
             x.data_ptr(), x.stride(0), len(x), x.shape[1],
             self._weights, self._widths, len(self._widths),
@@ -123,9 +126,13 @@ class BlockedProduct:
         self._blocked = None
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.dim() != 2:
-        raise ValueError(f"expected float32 rows [rows, features], got {x.dtype} {tuple(x.shape)}")
+def _rows(x: torch.Tensor, features: int) -> torch.Tensor:
+    """``x`` as the kernel reads it (it checks no bounds): float32 [rows, features], each
+    row contiguous."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != features:
+        raise ValueError(
+            f"expected float32 rows [rows, {features}], got {x.dtype} {tuple(x.shape)}"
+        )
     return x if x.stride(1) == 1 else x.contiguous()
 
 

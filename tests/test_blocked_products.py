@@ -37,6 +37,19 @@ def test_products_equal_torch_with_bias_and_residual(rows):
     torch.testing.assert_close(no_bias(x), x @ weights[0].t(), rtol=1e-5, atol=1e-5)
 
 
+def test_inputs_of_the_wrong_shape_are_refused():
+    """The kernel checks no bounds: every shape is checked before it runs."""
+    product = BlockedProduct(_weights(16, 32))
+    with pytest.raises(ValueError, match="rows"):
+        product(torch.randn(2, K + 1))
+    with pytest.raises(ValueError, match="rows"):
+        product(torch.randn(2, K, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rows"):
+        product(torch.randn(2, K), residual=torch.randn(2, 16))
+    with pytest.raises(ValueError, match="residual rows"):
+        product(torch.randn(2, K), residual=torch.randn(3, 48))
+
+
 def test_weights_blocked_in_place_come_back_exactly():
     weights = _weights(32, 16, k=24)
     originals = [w.clone() for w in weights]
