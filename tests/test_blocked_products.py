@@ -101,18 +101,33 @@ def test_used_on_avx2_cpus_for_few_rows(monkeypatch):
     assert not blocked_products_pay(8)
 
 
+@pytest.fixture
+def fresh_cache(monkeypatch, tmp_path):
+    """No kernel built before, and the process's own loaded again after the test."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    blocked_products.library.cache_clear()
+    yield tmp_path / ".cache" / "magrpo" / "kernels"
+    blocked_products.library.cache_clear()
+
+
+def test_kernel_is_built_once_into_the_cache(fresh_cache):
+    kernel = blocked_products.library()
+    assert kernel is not None
+    built = list(fresh_cache.iterdir())
+    assert [p.suffix for p in built] == [".so"]  # no partial file left
+    blocked_products.library.cache_clear()
+    stamp = built[0].stat().st_mtime_ns
+    assert blocked_products.library() is not None
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+
+
 @pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
 def test_a_missing_or_failing_compiler_leaves_onednn_with_a_warning(
-    compiler, monkeypatch, tmp_path, caplog
+    compiler, fresh_cache, monkeypatch, caplog
 ):
     monkeypatch.setenv("CXX", compiler)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no kernel built before
     monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX2")
-    blocked_products.library.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="magrpo.blocked_products"):
-            assert blocked_products.library() is None
-            assert not blocked_products_pay(8)
-    finally:
-        blocked_products.library.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="magrpo.blocked_products"):
+        assert blocked_products.library() is None
+        assert not blocked_products_pay(8)
     assert "oneDNN" in caplog.text
