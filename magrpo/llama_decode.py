@@ -112,11 +112,6 @@ class _FusedProduct:
                     for b in bases
                 ]
             )
-        lent = [lend and _owns_memory(w) for w in weights]
-        if blocked_products_pay(rows) and blockable(weights):
-            self.product = BlockedProduct(weights, bias, in_place=lent)
-        else:
-            self.product = _PackedProduct(weights, rows, bias, lent)
         self.lora = None
         adapted = [k for k, linear in enumerate(linears) if linear is not bases[k]]
         if adapted:
@@ -135,6 +130,12 @@ class _FusedProduct:
                 scales.to(weights[0].dtype).repeat(1, len(adapted)),
                 b_full.t().contiguous(),
             )
+        # last: once weights are lent, nothing may fail before the caller holds the product
+        lent = [lend and _owns_memory(w) for w in weights]
+        if blocked_products_pay(rows) and blockable(weights):
+            self.product = BlockedProduct(weights, bias, in_place=lent)
+        else:
+            self.product = _PackedProduct(weights, rows, bias, lent)
 
     def give_back(self) -> None:
         self.product.give_back()
