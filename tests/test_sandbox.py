@@ -223,3 +223,40 @@ def test_forks_of_the_calling_process_do_not_stall_runs() -> None:
             os.waitpid(pid, 0)
     assert [r.passed for r in reports] == [4] * 30
     assert elapsed < settings.total_timeout  # one stalled run alone lasts total_timeout + 1 s
+
+
+def test_parsing_from_many_threads_at_once() -> None:
+    """Environments score branches in threads; CPython's AST constructor keeps its recursion
+    depth per interpreter, and a thread switch inside it (here forced by a garbage-collector
+    callback) made concurrent ``ast.parse`` raise "AST constructor recursion depth
+    mismatch" (python/cpython#106905; without the lock this failed in 5 of 5 runs)."""
+    import gc
+
+    from llm_marl_envs.sandbox.checks import parse_python
+
+    source = "def f(x):\n    return [[(a, {b: c}) for a in x] for b, c in x]\n" * 10
+    errors: list[Exception] = []
+
+    def parse_many() -> None:
+        for _ in range(100):
+            try:
+                parse_python(source)
+            except SystemError as error:
+                errors.append(error)
+
+    def switch_threads(phase, info) -> None:
+        time.sleep(0)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(switch_threads)
+    gc.set_threshold(5)
+    try:
+        threads = [threading.Thread(target=parse_many) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.callbacks.remove(switch_threads)
+        gc.set_threshold(*threshold)
+    assert errors == []

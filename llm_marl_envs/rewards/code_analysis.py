@@ -13,12 +13,14 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from llm_marl_envs.sandbox.checks import parse_python
+
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
 def _parse(source: str) -> ast.Module | None:
     try:
-        return ast.parse(source)
+        return parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

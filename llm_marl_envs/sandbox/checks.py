@@ -14,16 +14,29 @@ from __future__ import annotations
 
 import ast
 import builtins
+import threading
 from collections.abc import Iterator
 
 HOOK = "_sandbox_"  # name of the recorder object the judge injects into the test namespace
 SOURCE_CAP = 300
 
 
+# CPython keeps the AST constructor's recursion depth in per-interpreter state, which two
+# threads parsing at once can corrupt ("SystemError: AST constructor recursion depth
+# mismatch", python/cpython#106905); environments score their branches in threads.
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse``, one thread at a time (every parse of the package goes through here)."""
+    with _AST_LOCK:
+        return ast.parse(source, filename)
+
+
 def parse_test_code(test_code: str) -> tuple[ast.Module, ast.FunctionDef | None]:
     """Parse trusted test code; return the module and its (last) top-level ``check``."""
     try:
-        module = ast.parse(test_code, "<test>")
+        module = parse_python(test_code, "<test>")
     except SyntaxError as exc:
         raise ValueError(f"test_code does not parse: {exc.msg} (line {exc.lineno})") from None
     checks = [
@@ -180,7 +193,7 @@ except Exception as _sandbox_exc:
 
 def _template(source: str, holes: dict[str, object]) -> list[ast.stmt]:
     """Parse ``source``; replace placeholder names by expressions, or by statement lists."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
 
     class Fill(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:
