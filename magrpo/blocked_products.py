@@ -2,11 +2,11 @@
 
 A decode step multiplies a handful of rows (the G samples of each prompt) by every weight of
 the model, so it is bound by how fast the weights stream from memory. On an AVX2 CPU (AMD
-Zen 3, 2 threads) oneDNN's products on its packed weights stream 12-18 GB/s there, while a
-plain sum streams 33 GB/s. ``csrc/blocked_products.cpp`` streams each 16-row block of a
-weight once, front to back, with the outputs in registers and the block prefetched ahead:
-28 GB/s at 4 rows, 1.2-1.8x oneDNN's speed at 1 to 16 rows and even at 32
-(``benchmarks/linear_kernels.py``; docs/benchmarks.md, fix 32).
+Zen 3, 2 threads) oneDNN's products on its packed weights stream 12-18 GB/s, while a plain
+sum streams 33-38 GB/s. ``csrc/blocked_products.cpp`` streams each 16-row block of a weight
+once, front to back, with the outputs in registers and the block prefetched ahead: 26-28
+GB/s at 1 to 4 rows, 1.1-1.6x oneDNN's speed at 1 to 32 rows
+(``benchmarks/decode_products.py``; docs/benchmarks.md, fix 32).
 
 Its weight layout ("blocked": each 16-row block transposed) is a permutation of the weight's
 own memory, so a weight that owns its memory is blocked in place, with no copy, and

@@ -19,7 +19,7 @@ namespace {
 
 constexpr long kBlock = 16;         // weight rows per block: two AVX registers of outputs
 constexpr long kRowsPerPass = 4;    // input rows per pass: 8 accumulators (FMA latency x throughput)
-constexpr long kPrefetchAhead = 256;  // floats: 16 cache lines, measured best of 128/256/512
+constexpr long kPrefetchAhead = 256;  // floats: 16 cache lines; best of 128/256/512/1024
 
 // Rows [0, R) of x times one block: out[r][0:16] = x[r] . block (+ bias) (+ residual[r]).
 template <int R>
