@@ -17,8 +17,9 @@ What it does:
    from /proc and keeps the peak.
 4. Reports, per trainer: median seconds per step (after ``--warmup`` steps of each run),
    generated tokens per second of training (tokens / step seconds), peak RSS, and the ratios
-   ours/theirs. Results go to ``benchmarks/.results/compare-<mode>.json`` and a Markdown
-   table to stdout (``--write-docs`` puts it into docs/benchmarks.md between markers).
+   ours/theirs. Results go to ``benchmarks/.results/compare-<mode>[-<our extra flags>].json``
+   and a Markdown table to stdout; ``--write-docs`` also adds it to docs/benchmarks.md as a
+   new dated section, above the earlier ones (at the ``compare:newest-first`` marker).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ RUNNER = BENCH / "comlrl_runner.py"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "coophumaneval" / "coophumaneval.json"
 COMLRL_VERSION = "1.4.3"
 DOCS = REPO / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+NEWEST_FIRST = "<!-- compare:newest-first -->"  # new result sections go right below it
 
 
 # --- CoMLRL's virtual environment -----------------------------------------------------------
@@ -306,11 +307,41 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_docs(table: str, meta: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else f"{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOCS.write_text(f"{head}{BEGIN}\n{table}\n\n{meta}\n{END}{tail}")
+def write_docs(table: str, meta: str, argv: list[str]) -> None:
+    """A new section with the table, dated and named after the machine and the command,
+    below the marker: earlier results stay as they were."""
+    text = DOCS.read_text()
+    if NEWEST_FIRST not in text:
+        raise SystemExit(
+            f"{DOCS} has no line {NEWEST_FIRST!r}, where --write-docs puts new results. "
+            "Add it (e.g. right under '## Results') and run again, or run without --write-docs."
+        )
+    heading = f"### {time.strftime('%Y-%m-%d')}, {machine()}"
+    command = " ".join(["compare_comlrl.py", *argv])
+    section = f"{heading}\n\n{table}\n\n_`{command}`._ {meta}\n"
+    DOCS.write_text(text.replace(NEWEST_FIRST, f"{NEWEST_FIRST}\n\n{section}", 1))
+
+
+def machine() -> str:
+    """The CPU's model name, vector extensions and count, from /proc/cpuinfo."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{os.cpu_count()} CPUs"
+    fields = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first processor's
+    name = fields.get("model name", "unknown CPU")
+    flags = fields.get("flags", "").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({vector}), {os.cpu_count()} CPUs"
+
+
+def results_tag(label: str, ours_extra: list[str]) -> str:
+    """The results' file tag: the mode, and our extra flags, so that runs with different
+    options do not overwrite each other."""
+    return "-".join([label.replace(" ", "-"), *(flag.lstrip("-") for flag in ours_extra)])
 
 
 def parse_args(argv=None):
@@ -349,7 +380,7 @@ def parse_args(argv=None):
                         "drop below this (e.g. 1.5 on 2 cores).")
     p.add_argument("--ours-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--write-docs", action="store_true",
-                   help="Put the table into docs/benchmarks.md between the compare markers.")
+                   help="Also add the table to docs/benchmarks.md, as a new section.")
     return p.parse_args(argv)
 
 
@@ -370,7 +401,7 @@ def main(argv=None) -> int:
     results: dict[str, dict] = {}
     for mode in args.modes:
         label = mode if args.dtype == "float32" else f"{mode} {args.dtype}"
-        tag = label.replace(" ", "-")
+        tag = results_tag(label, args.ours_extra)
         runs: dict[str, list[dict]] = {"ours": [], "comlrl": []}
         for rep in range(args.runs):
             order = ("ours", "comlrl") if rep % 2 == 0 else ("comlrl", "ours")
@@ -406,7 +437,7 @@ def main(argv=None) -> int:
     print(table)
     print(meta)
     if args.write_docs:
-        write_docs(table, meta)
+        write_docs(table, meta, sys.argv[1:] if argv is None else list(argv))
     return 0
 
 
