@@ -6,6 +6,7 @@ forward, in ``Policies.sample``, on CPU.
     .venv/bin/python benchmarks/decode_step.py --finetune full --repeats 6
     .venv/bin/python benchmarks/decode_step.py --finetune full --against one-at-a-time
     .venv/bin/python benchmarks/decode_step.py --against onednn     # the products' kernel
+    .venv/bin/python benchmarks/decode_step.py --against module-norms  # the norms' kernel
 
 Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
 alternate in one process (same prompts, same seeds, so the same work), after one warm-up
@@ -16,7 +17,9 @@ fine-tuning: one model per agent) measures instead the two models decoding side 
 one share of the threads each (``magrpo/threads.py``), against one model after the other
 (``Policies.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
 fused step's products by the blocked kernel (``magrpo/blocked_products.py``) against oneDNN's
-on packed weights. Prints seconds per ``sample`` call.
+on packed weights. ``--against module-norms`` measures the step's RMSNorms in one kernel call
+each (``blocked_products.rms_norm``) against transformers' modules. Prints seconds per
+``sample`` call.
 """
 
 from __future__ import annotations
@@ -83,11 +86,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--against",
-        choices=("transformers", "one-at-a-time", "onednn"),
+        choices=("transformers", "one-at-a-time", "onednn", "module-norms"),
         default="transformers",
         help="the fused step against transformers' forward, (--finetune full) models "
         "decoding side by side against one after the other, or the blocked kernel's "
-        "products against oneDNN's",
+        "products against oneDNN's, or the kernel's RMSNorm against transformers' modules",
     )
     args = parser.parse_args()
     if args.against == "one-at-a-time" and args.finetune != "full":
@@ -107,6 +110,7 @@ def main() -> None:
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
         supported = agents_module.llama_decode_supported
         blocked_pay = llama_decode.blocked_products_pay
+        kernel_norm = llama_decode._norm
 
         def sample(new: bool) -> float:
             """One ``sample`` call: the new way (fused step, models side by side, blocked
@@ -116,6 +120,8 @@ def main() -> None:
             policies.side_by_side = new or args.against != "one-at-a-time"
             blocked = new or args.against != "onednn"
             llama_decode.blocked_products_pay = blocked_pay if blocked else (lambda rows: False)
+            kernel_norms = new or args.against != "module-norms"
+            llama_decode._norm = kernel_norm if kernel_norms else (lambda module, rows: module)
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -129,11 +135,13 @@ def main() -> None:
         finally:
             agents_module.llama_decode_supported = supported
             llama_decode.blocked_products_pay = blocked_pay
+            llama_decode._norm = kernel_norm
     new, old = statistics.median(times[True]), statistics.median(times[False])
     new_name, old_name = {
         "transformers": ("fused step", "transformers' forward"),
         "one-at-a-time": ("models side by side", "one at a time"),
         "onednn": ("blocked products", "oneDNN's"),
+        "module-norms": ("kernel norms", "transformers' norms"),
     }[args.against]
     print(
         f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "

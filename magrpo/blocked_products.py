@@ -126,6 +126,21 @@ class BlockedProduct:
         self._blocked = None
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm of float32 rows ``x`` [rows, features] (no autograd), in one kernel
+    call: a decode step's norm is otherwise six torch operators on a few rows, each costing
+    more in dispatch than in arithmetic."""
+    if weight.dtype != torch.float32 or weight.dim() != 1 or not weight.is_contiguous():
+        raise ValueError(f"expected a contiguous float32 [features] weight, got {weight.dtype}")
+    x = _rows(x, len(weight))
+    out = x.new_empty(x.shape)
+    library().rms_norm_rows(
+        x.data_ptr(), x.stride(0), len(x), x.shape[1], weight.data_ptr(), eps,
+        out.data_ptr(), out.stride(0),
+    )  # fmt: skip
+    return out
+
+
 def _rows(x: torch.Tensor, features: int) -> torch.Tensor:
     """``x`` as the kernel reads it (it checks no bounds): float32 [rows, features], each
     row contiguous."""
@@ -166,6 +181,10 @@ def library() -> ctypes.CDLL | None:
     ]  # fmt: skip
     kernel.blocked_products.restype = None
     kernel.transpose_blocks.argtypes = [_pointer, _long, _long, ctypes.c_int]
+    kernel.rms_norm_rows.argtypes = [
+        _pointer, _long, _long, _long, _pointer, ctypes.c_float, _pointer, _long,
+    ]  # fmt: skip
+    kernel.rms_norm_rows.restype = None
     kernel.max_threads.restype = ctypes.c_int
     if kernel.max_threads() != torch.get_num_threads():
         # the kernel got an OpenMP runtime of its own (torch not built with libgomp): its

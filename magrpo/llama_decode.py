@@ -17,7 +17,8 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
   to its own generated tokens, and the two softmaxes are merged by their log-sum-exps.
 
 It is the model's forward up to float rounding (summation order; the merge of the two
-softmaxes), computed with the model's own norms, rotary embedding and activation. Where it
+softmaxes), computed with the model's own rotary embedding and activation, and its RMSNorms
+(as one kernel call each where the blocked kernel runs: ``blocked_products.rms_norm``). Where it
 does not apply (another architecture, sliding-window attention, adapters that are not
 routed LoRA, GPU, other dtypes), :func:`llama_decode_supported` says so and the caller keeps
 transformers' forward.
@@ -25,14 +26,15 @@ transformers' forward.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from magrpo.blocked_products import BlockedProduct, blockable, blocked_products_pay
+from magrpo.blocked_products import BlockedProduct, blockable, blocked_products_pay, rms_norm
 from magrpo.heap import release_free_heap
 from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
@@ -177,8 +179,28 @@ class _PackedProduct:
         self.lent = []
 
 
+def _norm(module: torch.nn.Module, rows: int):
+    """The decode step's ``module(x)``: transformers' own RMSNorm of Llama or Qwen2 in one
+    kernel call where the blocked kernel runs (``blocked_products.rms_norm``, the same
+    arithmetic), else the module."""
+    weight = getattr(module, "weight", None)
+    if (
+        type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm")
+        and "forward" not in vars(module)  # not replaced (e.g. by a hub kernel)
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+        and weight is not None
+        and weight.dtype == torch.float32
+        and weight.is_contiguous()
+        and blocked_products_pay(rows)
+    ):
+        return functools.partial(rms_norm, weight=weight.detach(), eps=module.variance_epsilon)
+    return module
+
+
 class _Layer(NamedTuple):
-    module: torch.nn.Module  # its norms and activation are used as they are
+    module: torch.nn.Module  # its activation is used as it is
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
+    post_attention_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: _FusedProduct
     o: _FusedProduct
     gate_up: _FusedProduct
@@ -245,6 +267,8 @@ class LlamaDecodeStep:
             self.layers = [
                 _Layer(
                     layer,
+                    _norm(layer.input_layernorm, rows),
+                    _norm(layer.post_attention_layernorm, rows),
                     fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                     fused(layer.self_attn.o_proj),
                     fused(layer.mlp.gate_proj, layer.mlp.up_proj),
@@ -257,6 +281,7 @@ class LlamaDecodeStep:
                 for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
             ]
             self.head = fused(head, lend=False)
+            self.norm = _norm(network.norm, rows)
         except BaseException:
             self.give_back()
             raise
@@ -286,7 +311,7 @@ class LlamaDecodeStep:
         for index, layer in enumerate(self.layers):
             if self.inputs is not None:
                 self.inputs[index, :, slot] = x
-            projected = layer.qkv(layer.module.input_layernorm(x))
+            projected = layer.qkv(layer.input_norm(x))
             qk = projected[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
             rotated = torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1)
             qk = torch.addcmul(qk * cos, rotated, sin)
@@ -295,11 +320,11 @@ class LlamaDecodeStep:
                 rows, kv_heads, dim
             )
             x = layer.o(self._attention(qk[:, :heads], layer).view(rows, -1), residual=x)
-            hidden = layer.gate_up(layer.module.post_attention_layernorm(x))
+            hidden = layer.gate_up(layer.post_attention_norm(x))
             half = hidden.shape[-1] // 2
             activated = layer.module.mlp.act_fn(hidden[:, :half]) * hidden[:, half:]
             x = layer.down(activated, residual=x)
-        return self.head(self.network.norm(x))
+        return self.head(self.norm(x))
 
     def _attention(self, q: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """Softmax attention over prompt + own tokens, as two blocks merged by log-sum-exp.

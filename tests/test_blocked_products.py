@@ -37,6 +37,25 @@ def test_products_equal_torch_with_bias_and_residual(rows):
     torch.testing.assert_close(no_bias(x), x @ weights[0].t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm_class", ["llama", "qwen2"])
+@pytest.mark.parametrize("features", [K, 576])
+def test_rms_norm_equals_transformers(norm_class, features):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    torch.manual_seed(features)
+    norm = {"llama": LlamaRMSNorm, "qwen2": Qwen2RMSNorm}[norm_class](features, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(5, features + 3)[:, 2 : 2 + features] * 3  # strided rows
+    with torch.no_grad():
+        expected = norm(x)
+    got = blocked_products.rms_norm(x, norm.weight.detach(), norm.variance_epsilon)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError):
+        blocked_products.rms_norm(x.double(), norm.weight.detach(), 1e-5)
+
+
 def test_inputs_of_the_wrong_shape_are_refused():
     """The kernel checks no bounds: every shape is checked before it runs."""
     product = BlockedProduct(_weights(16, 32))

@@ -296,3 +296,24 @@ def test_sampling_with_lent_weights_gives_the_same_completions(full_model):
     ]
     for name, param in model.named_parameters():
         assert torch.equal(param, before[name]), name
+
+
+def test_norms_run_in_the_kernel_only_as_transformers_defines_them(monkeypatch):
+    """The blocked kernel's RMSNorm replaces transformers' own only: not a replaced forward,
+    not another norm, not where the products are oneDNN's."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    if blocked_products.library() is None:
+        pytest.skip("the blocked-products kernel cannot be built here (see the log)")
+    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: True)
+    norm = LlamaRMSNorm(32)
+    assert llama_decode._norm(norm, rows=4) is not norm
+    replaced = LlamaRMSNorm(32)
+    replaced.forward = lambda x: x
+    assert llama_decode._norm(replaced, rows=4) is replaced
+    layer_norm = torch.nn.LayerNorm(32)
+    assert llama_decode._norm(layer_norm, rows=4) is layer_norm
+    bfloat16 = LlamaRMSNorm(32).to(torch.bfloat16)
+    assert llama_decode._norm(bfloat16, rows=4) is bfloat16
+    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: False)
+    assert llama_decode._norm(norm, rows=4) is norm

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -86,6 +87,30 @@ void blocked_products(const float *x, long ldx, long rows, long k, const float *
         default: block_pass<4>(xr, ldx, block, k, o, ldo, block_bias, res, ldr); break;
       }
     }
+  }
+}
+
+// out[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)) for each of the rows (Llama's RMSNorm
+// in float32, as transformers computes it): the decode step's norms in one call instead of
+// six torch operators.
+void rms_norm_rows(const float *x, long ldx, long rows, long k, const float *weight,
+                   float eps, float *out, long ldo) {
+  for (long r = 0; r < rows; r++) {
+    const float *xr = x + r * ldx;
+    float *o = out + r * ldo;
+    __m256 sums = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= k; i += 8) {
+      __m256 v = _mm256_loadu_ps(xr + i);
+      sums = _mm256_fmadd_ps(v, v, sums);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, sums);
+    float sum = 0.0f;
+    for (float lane : lanes) sum += lane;
+    for (; i < k; i++) sum += xr[i] * xr[i];
+    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(k) + eps);
+    for (i = 0; i < k; i++) o[i] = weight[i] * (xr[i] * scale);
   }
 }
 
