@@ -12,6 +12,11 @@ Its weight layout ("blocked": each 16-row block transposed) is a permutation of 
 own memory, so a weight that owns its memory is blocked in place, with no copy, and
 unblocked exactly after (:class:`BlockedProduct` ``in_place``).
 
+The same library runs the step's RMSNorms (:func:`rms_norm`): on a few rows, six torch
+operators cost more in dispatch than in arithmetic, and two decode threads side by side
+also queue for the interpreter between them (1.07x on full fine-tuning's sampling,
+``decode_step.py --against module-norms``).
+
 The kernel is built on first use by the system's C++ compiler (``$CXX``, else ``g++``; one
 second, no torch headers) into ``~/.cache/magrpo/kernels`` and loaded with ctypes. It runs
 on torch's OpenMP threads, so ``torch.set_num_threads`` applies. Where it is not used (no
