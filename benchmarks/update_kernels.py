@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,11 +37,6 @@ CHOICES = {"oneDNN": "AVX512", "BLAS": "AVX2"}  # the CPU capability each choice
 def _same_rollout_updates(trainer):
     """A function that runs the trainer's update on one rollout, sampled now, and returns
     its time as ``train_step`` would (sampling: the rollout's own time, each round)."""
-    import time
-
-    from magrpo.sampled_states import StateStore
-
-    trainer.policies.sampled_states = StateStore() if trainer.config.reuse_sampled_states else None
     rollout = trainer.collect()
     samples, _ = trainer.build_samples(rollout)
     states = trainer.policies.sampled_states

@@ -392,9 +392,12 @@ class MAGRPOTrainer:
         """Sample the rollout trees of this process's share of ``prompts_per_step`` episodes.
 
         Each tree's randomness is seeded by its episode's reset seed, so the samples of an
-        episode are the same whatever the batch and the number of processes.
+        episode are the same whatever the batch and the number of processes. With
+        ``reuse_sampled_states``, sampling records every layer's input for the update to
+        start from.
         """
         config = self.config
+        self.policies.sampled_states = StateStore() if config.reuse_sampled_states else None
         items = [self.data_order.next() for _ in range(config.prompts_per_step)]
         items = self.parallel.shard(items)
         root_envs, root_observations = self._reset_roots(self.env, items)
@@ -564,8 +567,6 @@ class MAGRPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         started = time.perf_counter()
-        # sampling records every layer's input, for the update to start from
-        self.policies.sampled_states = StateStore() if self.config.reuse_sampled_states else None
         rollout = self.collect()
         samples, sample_metrics = self.build_samples(rollout)
         update_started = time.perf_counter()
