@@ -131,11 +131,16 @@ class BlockedProduct:
         self._blocked = None
 
 
+def norm_weight_supported(weight: torch.Tensor) -> bool:
+    """Whether :func:`rms_norm` can scale by ``weight``."""
+    return weight.dtype == torch.float32 and weight.dim() == 1 and weight.is_contiguous()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm of float32 rows ``x`` [rows, features] (no autograd), in one kernel
     call: a decode step's norm is otherwise six torch operators on a few rows, each costing
     more in dispatch than in arithmetic."""
-    if weight.dtype != torch.float32 or weight.dim() != 1 or not weight.is_contiguous():
+    if not norm_weight_supported(weight):
         raise ValueError(f"expected a contiguous float32 [features] weight, got {weight.dtype}")
     x = _rows(x, len(weight))
     out = x.new_empty(x.shape)

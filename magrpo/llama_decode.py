@@ -34,7 +34,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from magrpo.blocked_products import BlockedProduct, blockable, blocked_products_pay, rms_norm
+from magrpo.blocked_products import (
+    BlockedProduct,
+    blockable,
+    blocked_products_pay,
+    norm_weight_supported,
+    rms_norm,
+)
 from magrpo.heap import release_free_heap
 from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
@@ -189,8 +195,7 @@ def _norm(module: torch.nn.Module, rows: int):
         and "forward" not in vars(module)  # not replaced (e.g. by a hub kernel)
         and isinstance(getattr(module, "variance_epsilon", None), float)
         and weight is not None
-        and weight.dtype == torch.float32
-        and weight.is_contiguous()
+        and norm_weight_supported(weight)
         and blocked_products_pay(rows)
     ):
         return functools.partial(rms_norm, weight=weight.detach(), eps=module.variance_epsilon)
