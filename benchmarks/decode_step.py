@@ -7,6 +7,7 @@ forward, in ``Policies.sample``, on CPU.
     .venv/bin/python benchmarks/decode_step.py --finetune full --against one-at-a-time
     .venv/bin/python benchmarks/decode_step.py --against onednn     # the products' kernel
     .venv/bin/python benchmarks/decode_step.py --against module-norms  # the norms' kernel
+    .venv/bin/python benchmarks/decode_step.py --against torch-attention  # attention's kernel
 
 Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
 alternate in one process (same prompts, same seeds, so the same work), after one warm-up
@@ -18,8 +19,10 @@ one share of the threads each (``magrpo/threads.py``), against one model after t
 (``Policies.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
 fused step's products by the blocked kernel (``magrpo/blocked_products.py``) against oneDNN's
 on packed weights. ``--against module-norms`` measures the step's RMSNorms in one kernel call
-each (``blocked_products.rms_norm``) against transformers' modules. Prints seconds per
-``sample`` call.
+each (``blocked_products.rms_norm``) against transformers' modules. ``--against
+torch-attention`` measures the step's attention by its kernel (``magrpo/decode_attention.py``)
+against torch's operators (two flash-attention calls merged). Prints seconds per ``sample``
+call.
 """
 
 from __future__ import annotations
@@ -86,11 +89,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--against",
-        choices=("transformers", "one-at-a-time", "onednn", "module-norms"),
+        choices=("transformers", "one-at-a-time", "onednn", "module-norms", "torch-attention"),
         default="transformers",
         help="the fused step against transformers' forward, (--finetune full) models "
         "decoding side by side against one after the other, or the blocked kernel's "
-        "products against oneDNN's, or the kernel's RMSNorm against transformers' modules",
+        "products against oneDNN's, or the kernel's RMSNorm against transformers' modules, "
+        "or the attention kernel against torch's operators",
     )
     args = parser.parse_args()
     if args.against == "one-at-a-time" and args.finetune != "full":
@@ -111,6 +115,7 @@ def main() -> None:
         supported = agents_module.llama_decode_supported
         blocked_pay = llama_decode.blocked_products_pay
         kernel_norm = llama_decode._norm
+        attention_supported = llama_decode.decode_attention_supported
 
         def sample(new: bool) -> float:
             """One ``sample`` call: the new way (fused step, models side by side, blocked
@@ -122,6 +127,10 @@ def main() -> None:
             llama_decode.blocked_products_pay = blocked_pay if blocked else (lambda rows: False)
             kernel_norms = new or args.against != "module-norms"
             llama_decode._norm = kernel_norm if kernel_norms else (lambda module, rows: module)
+            kernel_attention = new or args.against != "torch-attention"
+            llama_decode.decode_attention_supported = (
+                attention_supported if kernel_attention else (lambda *_: False)
+            )
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -136,12 +145,14 @@ def main() -> None:
             agents_module.llama_decode_supported = supported
             llama_decode.blocked_products_pay = blocked_pay
             llama_decode._norm = kernel_norm
+            llama_decode.decode_attention_supported = attention_supported
     new, old = statistics.median(times[True]), statistics.median(times[False])
     new_name, old_name = {
         "transformers": ("fused step", "transformers' forward"),
         "one-at-a-time": ("models side by side", "one at a time"),
         "onednn": ("blocked products", "oneDNN's"),
         "module-norms": ("kernel norms", "transformers' norms"),
+        "torch-attention": ("kernel attention", "torch's attention"),
     }[args.against]
     print(
         f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "

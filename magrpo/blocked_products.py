@@ -15,7 +15,8 @@ unblocked exactly after (:class:`BlockedProduct` ``in_place``).
 The same library runs the step's RMSNorms (:func:`rms_norm`): on a few rows, six torch
 operators cost more in dispatch than in arithmetic, and two decode threads side by side
 also queue for the interpreter between them (1.07x on full fine-tuning's sampling,
-``decode_step.py --against module-norms``).
+``decode_step.py --against module-norms``). It also holds the step's attention
+(``csrc/decode_attention.cpp``, called by ``decode_attention``).
 
 The kernel is built on first use by the system's C++ compiler (``$CXX``, else ``g++``; one
 second, no torch headers) into ``~/.cache/magrpo/kernels`` and loaded with ctypes. It runs
@@ -48,7 +49,12 @@ logger = logging.getLogger(__name__)
 BLOCK = 16  # weight rows per block (the kernel's kBlock)
 MAX_ROWS = 32  # above this a decode step has enough rows for oneDNN's products to catch up
 
-SOURCE = Path(__file__).with_name("csrc") / "blocked_products.cpp"
+# compiled into one library: the decode step's attention (decode_attention.py) shares the
+# build, the cache and the OpenMP check
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name
+    for name in ("blocked_products.cpp", "decode_attention.cpp")
+)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 _pointer, _long = ctypes.c_void_p, ctypes.c_long
@@ -183,7 +189,11 @@ def library() -> ctypes.CDLL | None:
     try:
         kernel = ctypes.CDLL(str(_built(compiler)))
     except (OSError, subprocess.SubprocessError) as error:
-        logger.warning("Could not build %s, decode steps use oneDNN's products: %s", SOURCE, error)
+        logger.warning(
+            "Could not build %s, decode steps use oneDNN's products: %s",
+            ", ".join(map(str, SOURCES)),
+            error,
+        )
         return None
     kernel.blocked_products.argtypes = [
         _pointer, _long, _long, _long, _pointer, _pointer, _long, _pointer, _long,
@@ -212,7 +222,8 @@ def _built(compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode()).hexdigest()
+    sources = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*sources, version, *FLAGS]).encode()).hexdigest()
     cache = Path.home() / ".cache" / "magrpo" / "kernels"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -225,7 +236,7 @@ def _built(compiler: str) -> Path:
     os.close(handle)
     try:
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", partial],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", partial],
             capture_output=True,
             text=True,
             timeout=300,

@@ -12,9 +12,11 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
   (``blocked_products``), else by oneDNN on the weights concatenated and packed
   (``onednn``); o and down add the residual inside the product;
 - LoRA adapters, routed per row (``lora_routing``), add two small matmuls per fused product;
-- attention is split in two ("cascade" attention): the queries of a prompt's G rows attend
-  to the one copy of the prompt's keys and values as a single query block, each row attends
-  to its own generated tokens, and the two softmaxes are merged by their log-sum-exps.
+- the queries of a prompt's G rows attend together to the one copy of the prompt's keys
+  and values, and each row to its own generated tokens: in one kernel call per layer where
+  the blocked kernel runs (``decode_attention``: rotary, cache writes and one softmax over
+  both), else as two flash-attention calls whose softmaxes are merged by their log-sum-exps
+  ("cascade" attention).
 
 It is the model's forward up to float rounding (summation order; the merge of the two
 softmaxes), computed with the model's own rotary embedding and activation, and its RMSNorms
@@ -41,6 +43,7 @@ from magrpo.blocked_products import (
     norm_weight_supported,
     rms_norm,
 )
+from magrpo.decode_attention import DecodeAttention, decode_attention_supported
 from magrpo.heap import release_free_heap
 from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
@@ -207,13 +210,10 @@ class _Layer(NamedTuple):
     input_norm: Callable[[torch.Tensor], torch.Tensor]
     post_attention_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: _FusedProduct
+    attention: DecodeAttention | _TorchAttention
     o: _FusedProduct
     gate_up: _FusedProduct
     down: _FusedProduct
-    k_prompt: torch.Tensor  # [P, KV, W, D]: one copy per prompt
-    v_prompt: torch.Tensor
-    k_own: torch.Tensor  # [B, KV, max_new_tokens, D]: each row's generated tokens
-    v_own: torch.Tensor
 
 
 class LlamaDecodeStep:
@@ -249,14 +249,7 @@ class LlamaDecodeStep:
     ):
         config = network.config
         self.network = network
-        self.prompts = len(prefix_mask)
-        self.group = num_samples
-        rows = self.prompts * num_samples
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        first = network.layers[0].self_attn
-        self.head_dim = first.head_dim
-        self.scaling = first.scaling
+        rows = len(prefix_mask) * num_samples
         scales = router.row_scales(adapters, prefix_mask.device) if router is not None else None
         dtype = head.weight.dtype
         release_free_heap()  # the packed copies then take pages the update freed
@@ -267,7 +260,19 @@ class LlamaDecodeStep:
             self._products.append(_FusedProduct(linears, rows, router, scales, lend))
             return self._products[-1]
 
-        own_shape = (rows, self.kv_heads, max_new_tokens, self.head_dim)
+        prompt_bias = torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
+        prompt_bias.masked_fill_(prefix_mask == 0, float("-inf"))
+
+        def attention(layer, cached):
+            """The layer's attention: by the kernel where it runs the products too."""
+            kernel = blocked_products_pay(rows) and decode_attention_supported(
+                cached.keys, cached.values
+            )
+            return (DecodeAttention if kernel else _TorchAttention)(
+                cached.keys, cached.values, prompt_bias, num_samples,
+                config.num_attention_heads, max_new_tokens, layer.self_attn.scaling,
+            )  # fmt: skip
+
         try:
             self.layers = [
                 _Layer(
@@ -275,13 +280,10 @@ class LlamaDecodeStep:
                     _norm(layer.input_layernorm, rows),
                     _norm(layer.post_attention_layernorm, rows),
                     fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                    attention(layer, cached),
                     fused(layer.self_attn.o_proj),
                     fused(layer.mlp.gate_proj, layer.mlp.up_proj),
                     fused(layer.mlp.down_proj),
-                    cached.keys,
-                    cached.values,
-                    cached.keys.new_zeros(own_shape),
-                    cached.values.new_zeros(own_shape),
                 )
                 for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
             ]
@@ -290,11 +292,6 @@ class LlamaDecodeStep:
         except BaseException:
             self.give_back()
             raise
-        self.prefix_bias = (
-            torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
-            .masked_fill(prefix_mask == 0, float("-inf"))
-            .view(self.prompts, 1, 1, -1)
-        )
         self.length = 0  # generated tokens held per row
         self.inputs = (
             head.weight.new_empty(len(self.layers), rows, max_new_tokens, config.hidden_size)
@@ -312,35 +309,47 @@ class LlamaDecodeStep:
         x = self.network.embed_tokens(ids[:, 0])
         cos, sin = self.network.rotary_emb(x, positions)  # [B, 1, D]: broadcast over heads
         slot, self.length = self.length, self.length + 1
-        rows, heads, kv_heads, dim = len(x), self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
             if self.inputs is not None:
                 self.inputs[index, :, slot] = x
             projected = layer.qkv(layer.input_norm(x))
-            qk = projected[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
-            rotated = torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1)
-            qk = torch.addcmul(qk * cos, rotated, sin)
-            layer.k_own[:, :, slot] = qk[:, heads:]
-            layer.v_own[:, :, slot] = projected[:, (heads + kv_heads) * dim :].view(
-                rows, kv_heads, dim
-            )
-            x = layer.o(self._attention(qk[:, :heads], layer).view(rows, -1), residual=x)
+            x = layer.o(layer.attention(projected, cos, sin, slot), residual=x)
             hidden = layer.gate_up(layer.post_attention_norm(x))
             half = hidden.shape[-1] // 2
             activated = layer.module.mlp.act_fn(hidden[:, :half]) * hidden[:, half:]
             x = layer.down(activated, residual=x)
         return self.head(self.norm(x))
 
-    def _attention(self, q: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        """Softmax attention over prompt + own tokens, as two blocks merged by log-sum-exp.
 
-        A row's query heads that share a key/value head become that head's query positions
-        (one query token per head, so no causal order to keep); the prompt block also
-        stacks the G rows of a prompt.
-        """
+class _TorchAttention:
+    """:class:`DecodeAttention` in torch operators, for where its kernel does not run.
+
+    Softmax attention over prompt + own tokens, as two blocks merged by log-sum-exp: a row's
+    query heads that share a key/value head become that head's query positions (one query
+    token per head, so no causal order to keep); the prompt block also stacks the G rows of
+    a prompt.
+    """
+
+    def __init__(self, k_prompt, v_prompt, prompt_bias, group, heads, max_new_tokens, scale):
+        self.prompts, self.kv_heads, _, self.dim = k_prompt.shape
+        self.group, self.heads, self.scale = group, heads, scale
+        self.k_prompt, self.v_prompt = k_prompt, v_prompt
+        self.prompt_bias = prompt_bias.view(self.prompts, 1, 1, -1)
+        own_shape = (self.prompts * group, self.kv_heads, max_new_tokens, self.dim)
+        self.k_own, self.v_own = k_prompt.new_zeros(own_shape), v_prompt.new_zeros(own_shape)
+
+    def __call__(self, projected, cos, sin, slot) -> torch.Tensor:
+        rows, heads, kv_heads, dim = len(projected), self.heads, self.kv_heads, self.dim
+        qk = projected[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
+        rotated = torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1)
+        qk = torch.addcmul(qk * cos, rotated, sin)
+        self.k_own[:, :, slot] = qk[:, heads:]
+        self.v_own[:, :, slot] = projected[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
+        return self._attention(qk[:, :heads], slot + 1).view(rows, -1)
+
+    def _attention(self, q: torch.Tensor, own: int) -> torch.Tensor:
         prompts, group = self.prompts, self.group
-        kv_heads, per_kv = self.kv_heads, self.heads // self.kv_heads
-        dim = self.head_dim
+        kv_heads, per_kv, dim = self.kv_heads, self.heads // self.kv_heads, self.dim
         # [P*G, KV*per_kv, D] -> [P, KV, G*per_kv, D]
         q_prompt = (
             q.reshape(prompts, group, kv_heads, per_kv, dim)
@@ -348,7 +357,7 @@ class LlamaDecodeStep:
             .reshape(prompts, kv_heads, group * per_kv, dim)
         )
         out_prompt, lse_prompt = _ATTENTION(
-            q_prompt, layer.k_prompt, layer.v_prompt, attn_mask=self.prefix_bias, scale=self.scaling
+            q_prompt, self.k_prompt, self.v_prompt, attn_mask=self.prompt_bias, scale=self.scale
         )
         out_prompt = (
             out_prompt.view(prompts, kv_heads, group, per_kv, dim)
@@ -362,9 +371,9 @@ class LlamaDecodeStep:
         )
         out_own, lse_own = _ATTENTION(
             q.reshape(-1, kv_heads, per_kv, dim),
-            layer.k_own[:, :, : self.length],
-            layer.v_own[:, :, : self.length],
-            scale=self.scaling,
+            self.k_own[:, :, :own],
+            self.v_own[:, :, :own],
+            scale=self.scale,
         )
         # softmax over both blocks = each block's softmax, weighted by its share of the mass
         share = torch.sigmoid(lse_prompt - lse_own[..., None]).to(out_own.dtype)

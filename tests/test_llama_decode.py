@@ -13,6 +13,7 @@ from magrpo.agents import (
     _position_ids,
     load_policies,
 )
+from magrpo.decode_attention import DecodeAttention
 from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported, separate_weights
 from magrpo.onednn import onednn_supports
 
@@ -23,7 +24,8 @@ GROUP = 3
 
 @pytest.fixture(params=["blocked", "onednn"])
 def decode_kernel(request, monkeypatch):
-    """The decode step's products by each kernel, whichever this CPU would pick."""
+    """The decode step's products (and with them its norms and attention) by each kernel,
+    whichever this CPU would pick."""
     if request.param == "blocked" and blocked_products.library() is None:
         pytest.skip("the blocked-products kernel cannot be built here (see the log)")
     blocked = request.param == "blocked"
@@ -107,6 +109,15 @@ def test_fused_step_equals_transformers_forward_in_float32(policies):
     for got, expected in zip(fused, references, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(fused[0][0], fused[0][GROUP])  # the adapters do differ
+
+
+def test_attention_runs_in_the_kernel_where_the_products_do(policies, decode_kernel):
+    """The equality above then holds for both attentions: the kernel's and torch's."""
+    prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
+    step, _, _ = _prefilled_step(policies, prompts)
+    kernel = decode_kernel == "blocked"
+    expected = DecodeAttention if kernel else llama_decode._TorchAttention
+    assert {type(layer.attention) for layer in step.layers} == {expected}
 
 
 @pytest.mark.skipif(
