@@ -4,7 +4,7 @@
 // per prompt, shared by its G rows) and the row's own generated ones, as one softmax.
 //
 // Float32; head_dim a multiple of 8, each key and value row contiguous. Threads: one task
-// per (row, key/value head) on torch's OpenMP threads (see blocked_products.cpp).
+// per (prompt, key/value head) on torch's OpenMP threads (see blocked_products.cpp).
 
 #include <immintrin.h>
 
