@@ -20,7 +20,6 @@ that library runs the step's products, for float32 models whose head size is a m
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -51,8 +50,9 @@ class _Caches(ctypes.Structure):
     ]
 
 
-@functools.cache
 def _kernel():
+    """The kernel's function, or None where the library cannot be built. Not cached here:
+    ``library`` is (and a test may clear it)."""
     kernel = library()
     if kernel is None:
         return None
