@@ -8,6 +8,7 @@ forward, in ``Policies.sample``, on CPU.
     .venv/bin/python benchmarks/decode_step.py --against onednn     # the products' kernel
     .venv/bin/python benchmarks/decode_step.py --against module-norms  # the norms' kernel
     .venv/bin/python benchmarks/decode_step.py --against torch-attention  # attention's kernel
+    .venv/bin/python benchmarks/decode_step.py --against module-activation  # SwiGLU's kernel
 
 Two agents, one prompt each, G samples per prompt, ``--max-new-tokens`` tokens; the two paths
 alternate in one process (same prompts, same seeds, so the same work), after one warm-up
@@ -21,13 +22,15 @@ fused step's products by the blocked kernel (``magrpo/blocked_products.py``) aga
 on packed weights. ``--against module-norms`` measures the step's RMSNorms in one kernel call
 each (``blocked_products.rms_norm``) against transformers' modules. ``--against
 torch-attention`` measures the step's attention by its kernel (``magrpo/decode_attention.py``)
-against torch's operators (two flash-attention calls merged). Prints seconds per ``sample``
-call.
+against torch's operators (two flash-attention calls merged). ``--against
+module-activation`` measures SwiGLU's activation in one kernel call (``blocked_products.silu_mul``)
+against the model's ``act_fn(gate) * up``. Prints seconds per ``sample`` call.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -89,12 +92,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--against",
-        choices=("transformers", "one-at-a-time", "onednn", "module-norms", "torch-attention"),
+        choices=(
+            "transformers",
+            "one-at-a-time",
+            "onednn",
+            "module-norms",
+            "torch-attention",
+            "module-activation",
+        ),
         default="transformers",
         help="the fused step against transformers' forward, (--finetune full) models "
         "decoding side by side against one after the other, or the blocked kernel's "
         "products against oneDNN's, or the kernel's RMSNorm against transformers' modules, "
-        "or the attention kernel against torch's operators",
+        "or the attention kernel against torch's operators, or the activation kernel "
+        "against the model's activation",
     )
     args = parser.parse_args()
     if args.against == "one-at-a-time" and args.finetune != "full":
@@ -116,6 +127,7 @@ def main() -> None:
         blocked_pay = llama_decode.blocked_products_pay
         kernel_norm = llama_decode._norm
         attention_supported = llama_decode.decode_attention_supported
+        kernel_activation = llama_decode._activation
 
         def sample(new: bool) -> float:
             """One ``sample`` call: the new way (fused step, models side by side, blocked
@@ -130,6 +142,12 @@ def main() -> None:
             kernel_attention = new or args.against != "torch-attention"
             llama_decode.decode_attention_supported = (
                 attention_supported if kernel_attention else (lambda *_: False)
+            )
+            kernel_activations = new or args.against != "module-activation"
+            llama_decode._activation = (
+                kernel_activation
+                if kernel_activations
+                else (lambda mlp, rows, dtype: functools.partial(llama_decode._gated, mlp.act_fn))
             )
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
@@ -146,6 +164,7 @@ def main() -> None:
             llama_decode.blocked_products_pay = blocked_pay
             llama_decode._norm = kernel_norm
             llama_decode.decode_attention_supported = attention_supported
+            llama_decode._activation = kernel_activation
     new, old = statistics.median(times[True]), statistics.median(times[False])
     new_name, old_name = {
         "transformers": ("fused step", "transformers' forward"),
@@ -153,6 +172,7 @@ def main() -> None:
         "onednn": ("blocked products", "oneDNN's"),
         "module-norms": ("kernel norms", "transformers' norms"),
         "torch-attention": ("kernel attention", "torch's attention"),
+        "module-activation": ("kernel activation", "the model's activation"),
     }[args.against]
     print(
         f"{args.architecture} {args.finetune} {args.dtype}, G = {args.group_size}, "

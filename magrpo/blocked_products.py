@@ -15,8 +15,9 @@ unblocked exactly after (:class:`BlockedProduct` ``in_place``).
 The same library runs the step's RMSNorms (:func:`rms_norm`): on a few rows, six torch
 operators cost more in dispatch than in arithmetic, and two decode threads side by side
 also queue for the interpreter between them (1.07x on full fine-tuning's sampling,
-``decode_step.py --against module-norms``). It also holds the step's attention
-(``csrc/decode_attention.cpp``, called by ``decode_attention``).
+``decode_step.py --against module-norms``), and SwiGLU's activation (:func:`silu_mul`). It
+also holds the step's attention (``csrc/decode_attention.cpp``, called by
+``decode_attention``).
 
 The kernel is built on first use by the system's C++ compiler (``$CXX``, else ``g++``; one
 second, no torch headers) into ``~/.cache/magrpo/kernels`` and loaded with ctypes. It runs
@@ -51,10 +52,9 @@ MAX_ROWS = 32  # above this a decode step has enough rows for oneDNN's products 
 
 # compiled into one library: the decode step's attention (decode_attention.py) shares the
 # build, the cache and the OpenMP check
-SOURCES = tuple(
-    Path(__file__).with_name("csrc") / name
-    for name in ("blocked_products.cpp", "decode_attention.cpp")
-)
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "blocked_products.cpp", CSRC / "decode_attention.cpp")
+HEADERS = (CSRC / "simd_exp.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 _pointer, _long = ctypes.c_void_p, ctypes.c_long
@@ -157,6 +157,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def silu_mul(hidden: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation ``silu(gate) * up`` of float32 rows ``hidden`` = [gate | up]
+    (no autograd), in one kernel call instead of four torch operators."""
+    rows, features = hidden.shape if hidden.dim() == 2 else (0, 1)
+    if features % 2:
+        raise ValueError(f"expected rows [rows, 2 * half], got {tuple(hidden.shape)}")
+    hidden = _rows(hidden, features)
+    out = hidden.new_empty(rows, features // 2)
+    library().silu_mul_rows(
+        hidden.data_ptr(), hidden.stride(0), rows, features // 2, out.data_ptr(), out.stride(0)
+    )
+    return out
+
+
 def _rows(x: torch.Tensor, features: int) -> torch.Tensor:
     """``x`` as the kernel reads it (it checks no bounds): float32 [rows, features], each
     row contiguous."""
@@ -205,6 +219,8 @@ def library() -> ctypes.CDLL | None:
         _pointer, _long, _long, _long, _pointer, ctypes.c_float, _pointer, _long,
     ]  # fmt: skip
     kernel.rms_norm_rows.restype = None
+    kernel.silu_mul_rows.argtypes = [_pointer, _long, _long, _long, _pointer, _long]
+    kernel.silu_mul_rows.restype = None
     kernel.max_threads.restype = ctypes.c_int
     if kernel.max_threads() != torch.get_num_threads():
         # the kernel got an OpenMP runtime of its own (torch not built with libgomp): its
@@ -222,7 +238,7 @@ def _built(compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
-    sources = [source.read_text() for source in SOURCES]
+    sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*sources, version, *FLAGS]).encode()).hexdigest()
     cache = Path.home() / ".cache" / "magrpo" / "kernels"
     try:

@@ -42,6 +42,7 @@ from magrpo.blocked_products import (
     blocked_products_pay,
     norm_weight_supported,
     rms_norm,
+    silu_mul,
 )
 from magrpo.decode_attention import DecodeAttention, decode_attention_supported
 from magrpo.heap import release_free_heap
@@ -205,14 +206,35 @@ def _norm(module: torch.nn.Module, rows: int):
     return module
 
 
+def _gated(act_fn, hidden: torch.Tensor) -> torch.Tensor:
+    half = hidden.shape[-1] // 2
+    return act_fn(hidden[:, :half]) * hidden[:, half:]
+
+
+def _activation(mlp: torch.nn.Module, rows: int, dtype: torch.dtype):
+    """The decode step's ``act_fn(gate) * up`` of the fused gate/up product's rows: in one
+    kernel call for transformers' SiLU where the blocked kernel runs
+    (``blocked_products.silu_mul``), else the model's own activation."""
+    act_fn = mlp.act_fn
+    if (
+        type(act_fn).__name__ in ("SiLUActivation", "SiLU")
+        and type(act_fn).__module__ in ("transformers.activations", "torch.nn.modules.activation")
+        and "forward" not in vars(act_fn)
+        and dtype == torch.float32
+        and blocked_products_pay(rows)
+    ):
+        return silu_mul
+    return functools.partial(_gated, act_fn)
+
+
 class _Layer(NamedTuple):
-    module: torch.nn.Module  # its activation is used as it is
     input_norm: Callable[[torch.Tensor], torch.Tensor]
     post_attention_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: _FusedProduct
     attention: DecodeAttention | _TorchAttention
     o: _FusedProduct
     gate_up: _FusedProduct
+    activation: Callable[[torch.Tensor], torch.Tensor]  # [gate | up] rows -> act(gate) * up
     down: _FusedProduct
 
 
@@ -276,13 +298,13 @@ class LlamaDecodeStep:
         try:
             self.layers = [
                 _Layer(
-                    layer,
                     _norm(layer.input_layernorm, rows),
                     _norm(layer.post_attention_layernorm, rows),
                     fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                     attention(layer, cached),
                     fused(layer.self_attn.o_proj),
                     fused(layer.mlp.gate_proj, layer.mlp.up_proj),
+                    _activation(layer.mlp, rows, dtype),
                     fused(layer.mlp.down_proj),
                 )
                 for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
@@ -315,9 +337,7 @@ class LlamaDecodeStep:
             projected = layer.qkv(layer.input_norm(x))
             x = layer.o(layer.attention(projected, cos, sin, slot), residual=x)
             hidden = layer.gate_up(layer.post_attention_norm(x))
-            half = hidden.shape[-1] // 2
-            activated = layer.module.mlp.act_fn(hidden[:, :half]) * hidden[:, half:]
-            x = layer.down(activated, residual=x)
+            x = layer.down(layer.activation(hidden), residual=x)
         return self.head(self.norm(x))
 
 

@@ -56,6 +56,21 @@ def test_rms_norm_equals_transformers(norm_class, features):
         blocked_products.rms_norm(x.double(), norm.weight.detach(), 1e-5)
 
 
+@pytest.mark.parametrize("half", [K + 3, 1536])  # a tail past the last register; SmolLM2
+def test_silu_mul_equals_the_models_activation(half):
+    from transformers.activations import ACT2FN
+
+    torch.manual_seed(half)
+    hidden = torch.randn(5, 2 * half + 4)[:, 1 : 1 + 2 * half] * 4  # strided rows
+    hidden[0, :8] = torch.tensor([-100.0, 100.0, 0.0, -0.0, 1e-30, -90.0, 88.0, float("nan")])
+    expected = ACT2FN["silu"](hidden[:, :half]) * hidden[:, half:]
+    got = blocked_products.silu_mul(hidden)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+    for bad in (hidden.double(), hidden[:, 1:], hidden[0]):
+        with pytest.raises(ValueError):
+            blocked_products.silu_mul(bad)
+
+
 def test_inputs_of_the_wrong_shape_are_refused():
     """The kernel checks no bounds: every shape is checked before it runs."""
     product = BlockedProduct(_weights(16, 32))

@@ -1,5 +1,7 @@
 """The fused decode step against transformers' forward, on tiny random Llama and Qwen2 models."""
 
+import types
+
 import pytest
 import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
@@ -328,3 +330,35 @@ def test_norms_run_in_the_kernel_only_as_transformers_defines_them(monkeypatch):
     assert llama_decode._norm(bfloat16, rows=4) is bfloat16
     monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: False)
     assert llama_decode._norm(norm, rows=4) is norm
+
+
+def test_activations_run_in_the_kernel_only_for_transformers_silu(monkeypatch):
+    """SwiGLU's ``silu(gate) * up`` by the kernel for transformers' and torch's SiLU only:
+    not a replaced forward, not another activation, not bfloat16, not where the products
+    are oneDNN's; elsewhere the model's own activation, applied the same way."""
+    from transformers.activations import ACT2FN
+
+    if blocked_products.library() is None:
+        pytest.skip("the blocked-products kernel cannot be built here (see the log)")
+    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: True)
+
+    def mlp(act_fn):
+        return types.SimpleNamespace(act_fn=act_fn)
+
+    kernel = blocked_products.silu_mul
+    assert llama_decode._activation(mlp(ACT2FN["silu"]), 4, torch.float32) is kernel
+    assert llama_decode._activation(mlp(torch.nn.SiLU()), 4, torch.float32) is kernel
+    replaced = ACT2FN["silu"]
+    replaced.forward = lambda x: x
+    gelu = ACT2FN["gelu"]
+    hidden = torch.randn(3, 16)
+    for act_fn, dtype in (
+        (replaced, torch.float32),
+        (gelu, torch.float32),
+        (ACT2FN["silu"], torch.bfloat16),
+    ):
+        activation = llama_decode._activation(mlp(act_fn), 4, dtype)
+        assert activation is not kernel
+        torch.testing.assert_close(activation(hidden), act_fn(hidden[:, :8]) * hidden[:, 8:])
+    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: False)
+    assert llama_decode._activation(mlp(ACT2FN["silu"]), 4, torch.float32) is not kernel
