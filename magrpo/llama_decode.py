@@ -19,11 +19,12 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
   ("cascade" attention).
 
 It is the model's forward up to float rounding (summation order; the merge of the two
-softmaxes), computed with the model's own rotary embedding and activation, and its RMSNorms
-(as one kernel call each where the blocked kernel runs: ``blocked_products.rms_norm``). Where it
-does not apply (another architecture, sliding-window attention, adapters that are not
-routed LoRA, GPU, other dtypes), :func:`llama_decode_supported` says so and the caller keeps
-transformers' forward.
+softmaxes), computed with the model's own rotary embedding, activation and RMSNorms (the
+latter two as one kernel call each for transformers' SiLU and Llama/Qwen2 norms where the
+blocked kernel runs: ``blocked_products.silu_mul``, ``rms_norm``). Where it does not apply
+(another architecture, sliding-window attention, adapters that are not routed LoRA, GPU,
+other dtypes), :func:`llama_decode_supported` says so and the caller keeps transformers'
+forward.
 """
 
 from __future__ import annotations
