@@ -221,6 +221,11 @@ def library() -> ctypes.CDLL | None:
     kernel.rms_norm_rows.restype = None
     kernel.silu_mul_rows.argtypes = [_pointer, _long, _long, _long, _pointer, _long]
     kernel.silu_mul_rows.restype = None
+    # (caches: the address of decode_attention's AttentionCaches)
+    kernel.decode_attention.argtypes = [
+        _pointer, _pointer, _long, _pointer, _pointer, _long, _long, _pointer, _long,
+    ]  # fmt: skip
+    kernel.decode_attention.restype = None
     kernel.max_threads.restype = ctypes.c_int
     if kernel.max_threads() != torch.get_num_threads():
         # the kernel got an OpenMP runtime of its own (torch not built with libgomp): its

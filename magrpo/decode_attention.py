@@ -50,24 +50,10 @@ class _Caches(ctypes.Structure):
     ]
 
 
-def _kernel():
-    """The kernel's function, or None where the library cannot be built. Not cached here:
-    ``library`` is (and a test may clear it)."""
-    kernel = library()
-    if kernel is None:
-        return None
-    function = kernel.decode_attention
-    function.argtypes = [
-        ctypes.POINTER(_Caches), _pointer, _long, _pointer, _pointer, _long, _long, _pointer, _long,
-    ]  # fmt: skip
-    function.restype = None
-    return function
-
-
 def decode_attention_supported(k_prompt: torch.Tensor, v_prompt: torch.Tensor) -> bool:
     """Whether :class:`DecodeAttention` can attend over these prompt caches [P, KV, W, D]."""
     return (
-        _kernel() is not None
+        library() is not None
         and all(
             t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
             for t in (k_prompt, v_prompt)
@@ -130,7 +116,8 @@ class DecodeAttention:
             dim,
             scale,
         )
-        self._kernel = _kernel()
+        self._kernel = library().decode_attention
+        self._caches_address = ctypes.addressof(self._caches)
         self._projected = (rows, (heads + 2 * kv_heads) * dim)
         self._out = (rows, heads * dim)
         self._dim = dim
@@ -159,7 +146,7 @@ class DecodeAttention:
         cos, sin = cos.reshape(rows, dim).contiguous(), sin.reshape(rows, dim).contiguous()
         out = projected.new_empty(self._out)
         self._kernel(
-            ctypes.byref(self._caches), projected.data_ptr(), projected.stride(0),
+            self._caches_address, projected.data_ptr(), projected.stride(0),
             cos.data_ptr(), sin.data_ptr(), dim, slot, out.data_ptr(), out.stride(0),
         )  # fmt: skip
         return out
