@@ -160,13 +160,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def silu_mul(hidden: torch.Tensor) -> torch.Tensor:
     """SwiGLU's activation ``silu(gate) * up`` of float32 rows ``hidden`` = [gate | up]
     (no autograd), in one kernel call instead of four torch operators."""
-    rows, features = hidden.shape if hidden.dim() == 2 else (0, 1)
-    if features % 2:
+    if hidden.dim() != 2 or hidden.shape[1] % 2:
         raise ValueError(f"expected rows [rows, 2 * half], got {tuple(hidden.shape)}")
-    hidden = _rows(hidden, features)
-    out = hidden.new_empty(rows, features // 2)
+    hidden = _rows(hidden, hidden.shape[1])
+    rows, half = len(hidden), hidden.shape[1] // 2
+    out = hidden.new_empty(rows, half)
     library().silu_mul_rows(
-        hidden.data_ptr(), hidden.stride(0), rows, features // 2, out.data_ptr(), out.stride(0)
+        hidden.data_ptr(), hidden.stride(0), rows, half, out.data_ptr(), out.stride(0)
     )
     return out
 
