@@ -54,7 +54,7 @@ MAX_ROWS = 32  # above this a decode step has enough rows for oneDNN's products 
 # build, the cache and the OpenMP check
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "blocked_products.cpp", CSRC / "decode_attention.cpp")
-HEADERS = (CSRC / "simd_exp.h",)
+HEADERS = (CSRC / "simd_math.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 _pointer, _long = ctypes.c_void_p, ctypes.c_long

@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "simd_exp.h"
+#include "simd_math.h"
 
 namespace {
 
@@ -106,10 +106,7 @@ void rms_norm_rows(const float *x, long ldx, long rows, long k, const float *wei
       __m256 v = _mm256_loadu_ps(xr + i);
       sums = _mm256_fmadd_ps(v, v, sums);
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, sums);
-    float sum = 0.0f;
-    for (float lane : lanes) sum += lane;
+    float sum = sum_lanes(sums);
     for (; i < k; i++) sum += xr[i] * xr[i];
     const float scale = 1.0f / std::sqrt(sum / static_cast<float>(k) + eps);
     for (i = 0; i < k; i++) o[i] = weight[i] * (xr[i] * scale);

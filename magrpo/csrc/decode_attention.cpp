@@ -13,17 +13,11 @@
 #include <cstring>
 #include <vector>
 
-#include "simd_exp.h"
+#include "simd_math.h"
 
 namespace {
 
 constexpr long kKeysPerBlock = 32;  // prompt keys (or values) per block: 8 KB at 64 features
-
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 
 // scores[j] = q . key_j * scale (+ bias[j]) for the n keys at keys + j * stride.
 void dot_scores(const float *q, const float *keys, long stride, long n, long dim, float scale,

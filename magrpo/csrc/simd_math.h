@@ -1,4 +1,4 @@
-// exp on AVX2 registers, shared by the decode kernels (blocked_products.cpp,
+// Math on AVX2 registers shared by the decode kernels (blocked_products.cpp,
 // decode_attention.cpp).
 
 #pragma once
@@ -27,6 +27,13 @@ inline __m256 exp_nonpositive(__m256 x) {
   const __m256i exponent =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(exponent)), kept);
+}
+
+// The sum of a register's 8 lanes.
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 }  // namespace
