@@ -49,6 +49,21 @@ PROMPTS = [
 ]
 
 
+# The old way each ``--against`` measures: (module, function, its replacement). The new way
+# is the functions as they are.
+OLD_WAYS = {
+    "transformers": (agents_module, "llama_decode_supported", lambda *_, **__: False),
+    "onednn": (llama_decode, "blocked_products_pay", lambda rows: False),
+    "module-norms": (llama_decode, "_norm", lambda module, rows: module),
+    "torch-attention": (llama_decode, "decode_attention_supported", lambda *_: False),
+    "module-activation": (
+        llama_decode,
+        "_activation",
+        lambda mlp, rows, dtype: functools.partial(llama_decode._gated, mlp.act_fn),
+    ),
+}
+
+
 def random_qwen2(like: str, folder: Path) -> str:
     """A random Qwen2ForCausalLM with the shape and tokenizer of the Llama model at ``like``."""
     from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -123,32 +138,17 @@ def main() -> None:
             use_chat_template=False,
         )
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.8, top_p=0.95)
-        supported = agents_module.llama_decode_supported
-        blocked_pay = llama_decode.blocked_products_pay
-        kernel_norm = llama_decode._norm
-        attention_supported = llama_decode.decode_attention_supported
-        kernel_activation = llama_decode._activation
+        replaced = OLD_WAYS.get(args.against)  # None for one-at-a-time: a Policies flag
+        if replaced is not None:
+            module, name, old_way = replaced
+            original = getattr(module, name)
 
         def sample(new: bool) -> float:
-            """One ``sample`` call: the new way (fused step, models side by side, blocked
-            products where they pay) or the old."""
-            fused = new or args.against != "transformers"
-            agents_module.llama_decode_supported = supported if fused else (lambda *_, **__: False)
+            """One ``sample`` call: the new way (fused step, models side by side, the decode
+            kernels where they pay) or the old way of ``--against``."""
             policies.side_by_side = new or args.against != "one-at-a-time"
-            blocked = new or args.against != "onednn"
-            llama_decode.blocked_products_pay = blocked_pay if blocked else (lambda rows: False)
-            kernel_norms = new or args.against != "module-norms"
-            llama_decode._norm = kernel_norm if kernel_norms else (lambda module, rows: module)
-            kernel_attention = new or args.against != "torch-attention"
-            llama_decode.decode_attention_supported = (
-                attention_supported if kernel_attention else (lambda *_: False)
-            )
-            kernel_activations = new or args.against != "module-activation"
-            llama_decode._activation = (
-                kernel_activation
-                if kernel_activations
-                else (lambda mlp, rows, dtype: functools.partial(llama_decode._gated, mlp.act_fn))
-            )
+            if replaced is not None:
+                setattr(module, name, original if new else old_way)
             started = time.perf_counter()
             policies.sample(PROMPTS, args.group_size, params, seeds=[0, 1])
             return time.perf_counter() - started
@@ -160,11 +160,8 @@ def main() -> None:
                 for new in (True, False):
                     times[new].append(sample(new))
         finally:
-            agents_module.llama_decode_supported = supported
-            llama_decode.blocked_products_pay = blocked_pay
-            llama_decode._norm = kernel_norm
-            llama_decode.decode_attention_supported = attention_supported
-            llama_decode._activation = kernel_activation
+            if replaced is not None:
+                setattr(module, name, original)
     new, old = statistics.median(times[True]), statistics.median(times[False])
     new_name, old_name = {
         "transformers": ("fused step", "transformers' forward"),
