@@ -260,3 +260,63 @@ def test_parsing_from_many_threads_at_once() -> None:
         gc.callbacks.remove(switch_threads)
         gc.set_threshold(*threshold)
     assert errors == []
+
+
+HELPER_TEST = textwrap.dedent(
+    """
+    def check(candidate):
+        assert candidate(1, 2) == 3
+        assert candidate(0, 0) == 0
+        assert candidate(-1, 5) == 4
+    """
+)
+ADD_WITH_HELPER = "def add(a, b):\n    return a + b if a <= 0 else aux(a, b)\n"
+
+
+def helper_job(helper: str, main: str = ADD_WITH_HELPER) -> TestJob:
+    return TestJob(main, HELPER_TEST, "add", helper_program=helper, helper_name="aux")
+
+
+def test_helper_calls_are_recorded_per_assert() -> None:
+    report = run_tests(helper_job("def aux(a, b):\n    return a + b\n"), FAST)
+    assert [(o.passed, o.helper_ran) for o in report.outcomes] == [
+        (True, True), (True, False), (True, False)
+    ]
+
+
+def test_helper_code_lives_in_its_own_process() -> None:
+    """Only ``aux`` crosses over: the helper's other names and its globals stay on its side."""
+    helper = "CALLS = []\nTABLE = 3\ndef aux(a, b):\n    CALLS.append(a)\n    return len(CALLS)\n"
+    main = (
+        "CALLS = ['main']\ndef add(a, b):\n"
+        "    if a == 1:\n        return 3 if aux(a, b) == 1 and CALLS == ['main'] else 0\n"
+        "    return a + b + (TABLE if a < 0 else 0)\n"
+    )
+    report = run_tests(helper_job(helper, main), FAST)
+    assert [o.passed for o in report.outcomes] == [True, True, False]
+    assert report.outcomes[2].error.startswith("NameError")
+
+
+def test_helper_exceptions_reach_main_and_its_failures_end_the_call() -> None:
+    raising = "def aux(a, b):\n    raise KeyError('missing')\n"
+    catching = (
+        "def add(a, b):\n    try:\n        return aux(a, b)\n    except KeyError:\n"
+        "        return a + b\n"
+    )
+    report = run_tests(helper_job(raising, catching), FAST)
+    assert report.passed == 3 and not any(o.helper_ran for o in report.outcomes)
+
+    uncaught = run_tests(helper_job(raising), FAST)
+    assert uncaught.outcomes[0].error.startswith("KeyError")
+
+    for helper, error in (
+        ("def aux(a, b):\n    while True:\n        pass\n", "timeout"),
+        ("import os\ndef aux(a, b):\n    os._exit(3)\n", "crashed"),
+    ):
+        catching_all = (
+            "def add(a, b):\n    if a <= 0:\n        return a + b\n"
+            "    try:\n        return aux(a, b)\n    except BaseException:\n        return a + b\n"
+        )
+        report = run_tests(helper_job(helper, catching_all), FAST)
+        assert report.outcomes[0].error.startswith(error), report
+        assert [o.passed for o in report.outcomes] == [False, True, True]  # workers replaced

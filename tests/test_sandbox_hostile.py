@@ -372,3 +372,38 @@ def test_namespaces_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(isolation.SandboxUnavailableError, match="no user namespaces here"):
         isolation.resolve("namespaces", lambda: "no user namespaces here")
     assert isolation.resolve("auto", lambda: "unused: cached") == "rlimits"
+
+
+HONEST_HELPER = "def aux(a, b):\n    return a + b\n"
+CALLS_HELPER = "def add(a, b):\n    return aux(a, b)\n"
+HELPER_CASES = [  # a cheating main in the strongest mode; a cheating helper in every mode
+    pytest.param(mode, role, name, id=f"{name}-as-{role}-{mode}")
+    for mode in MODES
+    for role in ("main", "helper")
+    for name in sorted(CHEATS)
+    if role == "helper" or mode == MODES[-1]
+]
+
+
+@pytest.mark.parametrize(("mode", "role", "name"), HELPER_CASES)
+def test_hostile_program_beside_a_helper(
+    mode: str, role: str, name: str, tracked: dict[str, list], secrets_planted: socket.socket
+) -> None:
+    """With two workers (main and the helper's ``aux``), a cheat on either side still earns
+    nothing, and a cheating main never gets the helper's calls recorded."""
+    settings = SandboxSettings(
+        test_timeout=0.25, total_timeout=2.0, memory_limit=256 << 20, max_processes=8,
+        isolation=mode,
+    )
+    cheat = textwrap.dedent(CHEATS[name]).replace("PORT", str(secrets_planted.getsockname()[1]))
+    if role == "main":
+        job = TestJob(cheat, TEST_CODE, "add", helper_program=HONEST_HELPER, helper_name="aux")
+    else:
+        helper = cheat.replace("def add(", "def aux(")
+        job = TestJob(CALLS_HELPER, TEST_CODE, "add", helper_program=helper, helper_name="aux")
+    report = run_tests(job, settings)
+    assert report.passed == 0, report
+    if role == "main":
+        assert not any(outcome.helper_ran for outcome in report.outcomes)
+    assert tracked["slots"]
+    assert leftovers(tracked) == []

@@ -16,6 +16,10 @@ class TestJob:
     program: str  # full program text: imports + helper function(s) + the entry point
     test_code: str  # HumanEval ``test`` field: defines ``check(candidate)``
     entry_point: str  # name of the function passed to ``check``
+    #: Another agent's code, run in a worker of its own. ``program`` calls its function
+    #: ``helper_name`` through the judge, which records whether it ran (``helper_ran``).
+    helper_program: str = ""
+    helper_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class TestOutcome:
     source: str  # the assert statement's source text, capped at ~300 chars
     passed: bool  # executed at least once and every execution passed
     error: str  # "" when passed, else e.g. "AssertionError", "TypeError: ...", "timeout"
+    helper_ran: bool = False  # the helper's function returned a value during this assert
 
 
 @dataclass(frozen=True)

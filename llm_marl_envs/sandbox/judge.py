@@ -10,6 +10,10 @@ a plain value or an exception name, under a deadline.  So the outcome of every a
 computed here, by code the program cannot reach, on values that cannot carry program
 behaviour.
 
+With a helper program (``job["helper_program"]``, the other agent's ``aux``), a second
+worker runs it, and the first worker's program reaches it only through the judge, which
+notes every call that returned a value during each assert (``TestOutcome.helper_ran``).
+
 Records go to the parent on a private dup of fd 1 (stdout itself goes to /dev/null so test
 code prints cannot interfere), each prefixed with the parent's per-run nonce.
 """
@@ -63,6 +67,7 @@ class Proxy:
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         deadline, binding_total = self._recorder.call_deadline()
+        helper_returns = self._worker.helper_returns
         try:
             return self._worker.call(self._name, args, kwargs, deadline)
         except Timeout:
@@ -70,6 +75,9 @@ class Proxy:
                 self._recorder.abort()
                 raise Abort from None
             raise
+        finally:
+            if self._worker.helper_returns != helper_returns:
+                self._recorder.helper_returned()
 
     def __repr__(self) -> str:
         return f"<program function {self._name}>"
@@ -87,7 +95,8 @@ class Recorder:
         self.deadline = deadline
         self.assert_deadline: float | None = None
         self.current: int | None = None
-        self.state: dict[int, tuple[bool, str]] = {}
+        self.state: dict[int, tuple[bool, str, bool]] = {}
+        self.helper_ran = False  # in the assert now running
         self.dirty: set[int] = set()
 
     def send(self, record: tuple) -> None:
@@ -100,7 +109,13 @@ class Recorder:
 
     def begin(self, index: int) -> None:
         self.current = index
+        self.helper_ran = False
         self.assert_deadline = time.monotonic() + self.test_timeout
+
+    def helper_returned(self) -> None:
+        """A call of the helper's function returned a value while an assert was running."""
+        if self.current is not None:
+            self.helper_ran = True
 
     def abort(self) -> None:
         """The total budget ran out inside a call: the running assert timed out."""
@@ -133,9 +148,11 @@ class Recorder:
             self.dirty.clear()
 
     def _record(self, index: int, ok: bool, error: str) -> None:
+        helper_ran = self.helper_ran and self.current == index
         self.assert_deadline = self.current = None
-        before_ok, before_error = self.state.get(index, (True, ""))
-        self.state[index] = (before_ok and ok, before_error or error)
+        self.helper_ran = False
+        before_ok, before_error, before_ran = self.state.get(index, (True, "", False))
+        self.state[index] = (before_ok and ok, before_error or error, before_ran or helper_ran)
         self.dirty.add(index)
 
 
@@ -199,6 +216,8 @@ def run(job: dict, worker: Worker, recorder: Recorder) -> tuple[str, str]:
         return "ok", ""
     finally:
         worker.kill()
+        if worker.helper is not None:
+            worker.helper.kill()
         recorder.block_done()
 
 
@@ -221,9 +240,14 @@ def main() -> None:
             enter_pid_namespace = nsroot.enter(job)
         except OSError as exc:
             setup_error = str(exc)
-    worker = Worker(job, enter_pid_namespace)
+    helper = None
+    if job["helper_program"]:  # a copy made before the secrets are read: it never holds them
+        helper = Worker({**job, "program": job["helper_program"]}, enter_pid_namespace)
+    worker = Worker(job, enter_pid_namespace, helper)
     if not setup_error:
         worker.fork()
+        if helper is not None:
+            helper.fork()
     job.update(codec.decode(codec.read_frame(0, JOB_LIMIT)))
     os.dup2(devnull, 0)
     if setup_error:

@@ -70,6 +70,8 @@ def _probe_namespaces() -> str:
 def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     if not job.entry_point.isidentifier():
         raise ValueError(f"entry_point must be an identifier, got {job.entry_point!r}")
+    if job.helper_program and not job.helper_name.isidentifier():
+        raise ValueError(f"helper_name must be an identifier, got {job.helper_name!r}")
     module, check = checks.parse_test_code(job.test_code)  # ValueError on broken test code
     if check is None:
         raise ValueError("test_code defines no check() function")
@@ -80,6 +82,7 @@ def _run(job: TestJob, settings: SandboxSettings, mode: str) -> TestReport:
     with slots.acquire() as slot:
         public = {
             **asdict(settings), "program": job.program, "entry_point": job.entry_point,
+            "helper_program": job.helper_program, "helper_name": job.helper_name,
             "names": names, "isolation": mode, "uid": slot.uid,
             "workdir": _workdir(mode, slot), "python": python,
         }
@@ -172,19 +175,24 @@ def _parse(output: bytes, nonce: bytes) -> list[tuple]:
 
 def _report(sources: list[str], records: list[tuple], timed_out: bool, budget: float) -> TestReport:
     total = len(sources)
-    state: dict[int, tuple[bool, str]] = {}
+    state: dict[int, tuple[bool, str, bool]] = {}
     status, error = ("timeout", f"timeout after {budget}s") if timed_out else (
         "killed", "sandbox harness died"
     )
     for record in records:
         if record[0] == "outcomes":
-            for index, ok, message in record[1]:
+            for entry in record[1]:
+                if len(entry) != 4:
+                    continue
+                index, ok, message, helper_ran = entry
                 if isinstance(index, int) and 0 <= index < total:
-                    state[index] = (ok is True and message == "", str(message)[:300])
+                    state[index] = (ok is True and message == "", str(message)[:300],
+                                    helper_ran is True)
         elif record[0] == "done" and len(record) == 3 and record[1] in STATUSES:
             status, error = record[1], str(record[2])[:300]
     outcomes = tuple(
-        TestOutcome(i, sources[i], *state.get(i, (False, "not reached"))) for i in range(total)
+        TestOutcome(i, sources[i], *state.get(i, (False, "not reached", False)))
+        for i in range(total)
     )
     if status == "ok":
         error = ""

@@ -10,9 +10,16 @@ The judge forks it (first worker) or starts it as ``python -S -s -B -c BOOTSTRAP
 worker_src args...`` (replacements), so no file of the package has to be reachable from
 inside the sandbox.
 
-Protocol (codec frames): first request ``(program, names)``, reply ``("ok", {name: kind})``
-or ``("error", message)``; then requests ``(name, args, kwargs)``, replies ``("ok", value)``
-or ``("raise", exception_type_name, message)``.
+Protocol (codec frames): first request ``(program, names, remote)``, reply
+``("ok", {name: kind})`` or ``("error", message)``; then requests ``(name, args, kwargs)``,
+replies ``("ok", value)`` or ``("raise", exception_type_name, message)``.
+
+``remote`` names functions that live in another worker (the helper agent's ``aux``): they
+are bound before the program loads to stubs that ask the judge to run them, by sending
+``("call", name, args, kwargs)`` in place of a reply and reading the judge's answer
+(``("ok", value)`` or ``("raise", name, message)``) before going on.  So the judge sees,
+and counts, every call that reaches the other agent's code; nothing in this process can
+claim such a call without making it.
 """
 
 from __future__ import annotations
@@ -41,10 +48,12 @@ def serve(req_fd: int, rep_fd: int, output_limit: int, audit: bool) -> None:
     frame = codec.read_frame(req_fd, REQUEST_LIMIT)
     if frame is None:
         return
-    program, names = codec.decode(frame)
+    program, names, remote = codec.decode(frame)
     if audit:
         install_audit_hook(os.getcwd())
     namespace: dict[str, object] = {"__name__": "__sandbox_program__", "__builtins__": builtins}
+    for name in remote:
+        namespace[name] = _remote_function(name, req_fd, rep_fd)
     try:
         exec(compile(program, "<program>", "exec"), namespace)
     except BaseException as exc:  # noqa: BLE001 - SystemExit at import time is a load error
@@ -62,6 +71,36 @@ def serve(req_fd: int, rep_fd: int, output_limit: int, audit: bool) -> None:
         except BaseException as exc:  # noqa: BLE001 - everything the call does is reported
             payload = _encode_raise(*_split(exc))
         codec.write_frame(rep_fd, payload)
+
+
+def _remote_function(name: str, req_fd: int, rep_fd: int):
+    """A stand-in for a function of another worker: each call is a round trip to the judge.
+
+    Arguments and results are copied as plain values, so the other agent's code never shares
+    an object (or a mutation of one) with this program.
+    """
+
+    def call(*args: object, **kwargs: object) -> object:
+        try:
+            request = codec.encode(("call", name, args, kwargs), REQUEST_LIMIT)
+        except codec.CodecError as exc:
+            raise TypeError(f"cannot pass this value to {name}(): {exc}") from None
+        codec.write_frame(rep_fd, request)
+        frame = codec.read_frame(req_fd, REQUEST_LIMIT)
+        if frame is None:  # the judge is gone
+            os._exit(0)
+        answer = codec.decode(frame)
+        if answer[0] == "ok":
+            return answer[1]
+        found = getattr(builtins, str(answer[1]), None)
+        try:
+            error = found(answer[2]) if issubclass(found, Exception) else None
+        except Exception:  # noqa: BLE001 - not a class, or a constructor of another signature
+            error = None
+        raise error or RuntimeError(f"{answer[1]}: {answer[2]}")
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 def _kind(obj: object, limit: int) -> tuple[str, object]:

@@ -74,12 +74,22 @@ class Worker:
     """The untrusted process answering calls for one run; replaced after it times out or
     dies, so later asserts still get a fair run."""
 
-    def __init__(self, job: dict, enter_pid_namespace: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        job: dict,
+        enter_pid_namespace: Callable[[], None] | None,
+        helper: Worker | None = None,
+    ) -> None:
         self.job = job
         self.enter_pid_namespace = enter_pid_namespace
         self.pid: int | None = None
         self.req_fd = self.rep_fd = -1
         self.names: list[str] = []
+        #: The worker running the other agent's function (``job["helper_name"]``), if any.
+        self.helper = helper
+        #: Calls of the helper's function that returned a value to this worker's program:
+        #: counted here, in the judge, so the program cannot inflate it.
+        self.helper_returns = 0
         home = job["workdir"]
         self.env = {
             "PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LC_ALL": "C.UTF-8",
@@ -165,7 +175,8 @@ class Worker:
         if self.pid is None:
             self.spawn()
         try:
-            request = codec.encode((self.job["program"], names), JOB_LIMIT)
+            remote = [self.job["helper_name"]] if self.helper is not None else []
+            request = codec.encode((self.job["program"], names, remote), JOB_LIMIT)
             codec.write_frame(self.req_fd, request, deadline)
             reply = self._read(deadline)
         except TimeoutError:
@@ -194,6 +205,10 @@ class Worker:
         try:
             codec.write_frame(self.req_fd, request, deadline)
             reply = self._read(deadline)
+            while reply[0] == "call" and self.helper is not None and len(reply) == 4:
+                answer = self._call_helper(reply[1], reply[2], reply[3], deadline)
+                codec.write_frame(self.req_fd, codec.encode(answer, REQUEST_LIMIT), deadline)
+                reply = self._read(deadline)
         except TimeoutError:
             self.kill()
             raise Timeout() from None
@@ -205,6 +220,34 @@ class Worker:
             raise rebuild(str(reply[1]), str(reply[2]))
         self.kill()
         raise CandidateError("TypeError", "malformed reply from the program")
+
+    def _call_helper(self, name: object, args: object, kwargs: object, deadline: float) -> tuple:
+        """Run one call that this worker's program made to the helper's function.
+
+        An exception raised by the helper's code goes back to the caller, which may catch
+        it.  A helper process that times out or dies ends the whole call as failed (this
+        worker is killed too), the same way in every isolation mode.
+        """
+        helper = self.helper
+        if name != self.job["helper_name"] or type(args) is not tuple or type(kwargs) is not dict:
+            self.kill()
+            raise CandidateError("TypeError", "malformed call from the program")
+        try:
+            if not helper.names:
+                helper.load([name], deadline)
+            value = helper.call(name, args, kwargs, deadline)
+        except LoadFailure as exc:
+            return ("raise", "RuntimeError", f"{name}() failed to load: {exc}"[:ERROR_CAP])
+        except Exception as exc:  # noqa: BLE001 - the helper's own exception, or its death
+            if helper.pid is None:
+                self.kill()
+                if isinstance(exc, Timeout):
+                    raise
+                raise CandidateError("crashed", f"{name}(): {exc}"[:ERROR_CAP]) from None
+            name_of = exc.name if isinstance(exc, CandidateError) else type(exc).__name__
+            return ("raise", name_of, getattr(exc, "sandbox_message", str(exc))[:ERROR_CAP])
+        self.helper_returns += 1
+        return ("ok", value)
 
     def _read(self, deadline: float) -> tuple:
         try:
@@ -252,7 +295,9 @@ class Worker:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
         if self.job["uid"] is not None and self.enter_pid_namespace is None:
-            procs.kill_uid(self.job["uid"])
+            procs.kill_uid(self.job["uid"])  # the helper's process too: it shares the uid
+            if self.helper is not None:
+                self.helper.kill()
         self.pid = None
 
 
