@@ -204,6 +204,39 @@ def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef | None, helper: str =
     return AuxUsage(True, thin, ignores_result)
 
 
+def binds_name(source: str, name: str) -> bool:
+    """Whether code binds ``name`` anywhere, at any depth, in any way Python allows.
+
+    A main answer that binds ``aux`` itself (``def aux``, ``aux = ...``, a parameter, an
+    import, ``global aux``, a loop or comprehension target, ``except ... as aux``, a match
+    capture, a walrus) could stand in for the helper, so it forfeits the cooperation bonus.
+    Code that does not parse counts as binding it (such a program never gets that far).
+    """
+    tree = _parse(source)
+    if tree is None:
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound = [node.name]
+        elif isinstance(node, ast.Name):
+            bound = [node.id] if isinstance(node.ctx, (ast.Store, ast.Del)) else []
+        elif isinstance(node, ast.arg):
+            bound = [node.arg]
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound = list(node.names)
+        elif isinstance(node, ast.alias):
+            bound = [node.asname or node.name.split(".")[0]]
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+            bound = [node.name]
+        elif isinstance(node, ast.MatchMapping):
+            bound = [node.rest]
+        else:
+            bound = []
+        if name in bound:
+            return True
+    return False
+
+
 def parses(program: str) -> tuple[bool, str]:
     """Whether the program compiles, with a one-line reason when it does not."""
     try:
