@@ -3,7 +3,8 @@
 The environment implements the protocol (reset, step, seeding, turns, termination) and
 delegates the domain to a :class:`~llm_marl_envs.task.Task`. Observations and actions are
 Python strings; every agent receives the same joint reward, with its named breakdown in
-``infos[agent]["reward_parts"]``.
+``infos[agent]["reward_parts"]``. ``metadata["answer_format"]`` says, per agent, where an
+answer ends and how long it should be allowed to get.
 
 Branching: ``copy.deepcopy(env)`` copies only the episode state (a few strings and an RNG);
 the task and its dataset are shared. Trainers use it to score G joint actions of one node.
@@ -45,6 +46,7 @@ class TextParallelEnv(ParallelEnv):
             )
         self.task = task
         self.max_turns = max_turns
+        self.metadata = {**self.metadata, "answer_format": answer_format(task)}
         self.render_mode = render_mode
         self.possible_agents = list(task.roles)
         self.agents: list[str] = []
@@ -146,6 +148,19 @@ class TextParallelEnv(ParallelEnv):
 
     def close(self) -> None:
         pass
+
+
+def answer_format(task: Task) -> dict[str, dict[str, Any]]:
+    """What a trainer needs to generate each agent's answer well, without knowing the task:
+    ``stop`` (strings after which the answer is complete; the sampler may stop there and
+    keep them) and ``max_tokens`` (a generation budget that fits a good answer)."""
+    return {
+        role: {
+            "stop": list(task.stop_sequences.get(role, ())),
+            "max_tokens": task.suggested_max_tokens,
+        }
+        for role in task.roles
+    }
 
 
 def _as_observations(texts: Mapping[str, str]) -> dict[str, TextObservation]:

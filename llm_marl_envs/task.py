@@ -44,6 +44,10 @@ class Task(abc.ABC):
     roles: Sequence[str] = ()
     #: Upper bound of the joint reward of one turn.
     max_reward: float = 0.0
+    #: Per role: text after which an answer is complete (a sampler may stop there).
+    stop_sequences: Mapping[str, Sequence[str]] = {}
+    #: A generation budget, in tokens of a typical subword tokenizer, that fits a good answer.
+    suggested_max_tokens: int = 256
 
     def __init__(self, records: Records):
         self.records = records
