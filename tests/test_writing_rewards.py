@@ -1,10 +1,17 @@
 """Every level boundary of the writing rewards (REFERENCE.md §3.1, §3.2)."""
 
 import math
+import re
 
 import pytest
 
-from llm_marl_envs.rewards.text import jaccard, transition_categories, transition_score
+from llm_marl_envs.rewards.lexicon import STOPWORDS, TRANSITION_CATEGORIES
+from llm_marl_envs.rewards.text import (
+    content_words,
+    jaccard,
+    transition_categories,
+    transition_score,
+)
 from llm_marl_envs.rewards.writing import ARXIV_REWARD, TLDR_REWARD, score_writing
 
 
@@ -136,15 +143,61 @@ def test_arxiv_structure_bounds(words, passes):
 
 def test_transition_score_counts_categories_whole_words_only():
     assert transition_score("nothing to see here") == 0.0
-    assert transition_score("However it rained.") == pytest.approx(0.4)
-    # "was" contains "as", "also" contains "so": neither is a transition phrase match.
+    assert transition_score("Therefore it rained.") == pytest.approx(0.4)
+    # a phrase listed under two categories counts for both
+    assert transition_categories("However it rained.") == ["contrast", "concession"]
+    # "was" contains "as", "also" contains "so", "different" contains "if": no match
     assert transition_categories("it was alsoish") == []
+    assert transition_categories("a different shadow") == []
+    assert transition_categories("late as usual") == ["time"]
+    assert transition_categories("in\n  addition") == ["elaboration"]
     text = (
-        "First, however, for example, because, in summary, similarly, although, if, "
-        "meanwhile, indeed, in other words, furthermore"
+        "Furthermore, for example, in other words, therefore, on the other hand, first, "
+        "undoubtedly, in summary, similarly, in spite of, unless, nowadays"
     )
     assert len(transition_categories(text)) == 12
     assert transition_score(text) == pytest.approx(min(0.4 + 0.05 * 11, 1.0))
+
+
+# The authors' lists (OpenMLRL/LLM_Collab_Writing, rewards/tldr_rewards.py): their category
+# names in their order, and how many phrases each holds.
+AUTHORS_CATEGORY_SIZES = {
+    "elaboration": 21,
+    "examples": 22,
+    "explanation": 22,
+    "cause_effect": 26,
+    "contrast": 29,
+    "sequence": 33,
+    "emphasis": 24,
+    "summary": 21,
+    "comparison": 17,
+    "concession": 19,
+    "condition": 19,
+    "time": 26,
+}
+
+
+def test_lexicon_is_the_authors():
+    sizes = {name: len(phrases) for name, phrases in TRANSITION_CATEGORIES.items()}
+    assert sizes == AUTHORS_CATEGORY_SIZES
+    assert list(TRANSITION_CATEGORIES) == list(AUTHORS_CATEGORY_SIZES)
+    for phrases in TRANSITION_CATEGORIES.values():
+        assert len(set(phrases)) == len(phrases)
+        # lower-case words and single spaces: what whole-word matching needs, nothing to escape
+        assert all(re.fullmatch(r"[a-z]+( [a-z]+)*", phrase) for phrase in phrases)
+    assert "be that as it may" in TRANSITION_CATEGORIES["contrast"]
+    assert "be that as it may" in TRANSITION_CATEGORIES["concession"]
+    assert "when all is said and done" in TRANSITION_CATEGORIES["summary"]
+    assert "as" in TRANSITION_CATEGORIES["time"]
+    assert "so" in TRANSITION_CATEGORIES["cause_effect"]
+    assert "in the event that" in TRANSITION_CATEGORIES["condition"]
+
+
+def test_stopwords_are_the_authors():
+    assert len(STOPWORDS) == 106
+    assert {"a", "also", "bad", "first", "good", "great", "right", "your"} <= STOPWORDS
+    assert not {"about", "because", "themselves"} & STOPWORDS
+    assert content_words("The good results were also new") == {"results"}
 
 
 def test_style_level_combines_transitions_and_capped_jaccard():
