@@ -12,6 +12,10 @@ class UnknownEnvError(LLMMarlEnvError, KeyError):
         return str(self.args[0])
 
 
+class DeprecatedEnvError(UnknownEnvError):
+    """A retired version of an environment id; the message names the id that replaced it."""
+
+
 class DataUnavailableError(LLMMarlEnvError):
     """A dataset that cannot be reached (offline Hub, missing file)."""
 

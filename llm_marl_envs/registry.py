@@ -1,9 +1,14 @@
 """Environment ids, their defaults, and ``make``.
 
-``make("coophumaneval-v0", data=..., split=..., max_turns=...)`` loads the data (once per
+``make("coophumaneval-v1", data=..., split=..., max_turns=...)`` loads the data (once per
 process: records are cached and shared), builds the task and wraps it in the generic
 :class:`~llm_marl_envs.env.TextParallelEnv`. A new task is one :class:`EnvSpec` line in
 ``register``; the same ids are also registered with PettingZoo's own registry.
+
+Ids are versioned the Gymnasium way: any change to a reward, a prompt or a split makes a new
+version, so that numbers measured on one id stay comparable. The name without a version
+means the newest; a retired id raises :class:`DeprecatedEnvError`, which names its successor
+and what changed (``RETIRED``; the full history is in each environment's card, docs/envs/).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 from .data import Records, load_records
 from .env import TextParallelEnv
-from .errors import ConfigError, UnknownEnvError
+from .errors import ConfigError, DeprecatedEnvError, UnknownEnvError
 from .task import Task
 from .tasks import ArxivTask, CoopHumanEvalTask, HumanEvalTask, TldrTask
 
@@ -63,10 +68,38 @@ def registry() -> dict[str, str]:
     return {env_id: spec.description for env_id, spec in sorted(_REGISTRY.items())}
 
 
+_WRITING_V1 = (
+    "the paper's prompts by default, which state no word counts or length ratios (the old "
+    "wording is prompt_style='explicit-targets'), and the authors' transition phrases and "
+    "stopwords in the coherence and consistency levels"
+)
+_CODING_V1 = (
+    "the cooperation bonus is paid only when the helper's own aux, run in a sandbox worker of "
+    "its own, returned a value during a passing assert and main binds no aux itself; the "
+    "helper sees the problem as text ending in an aux skeleton, both agents are told aux's "
+    "contract, and the next-turn feedback shows one failing assert instead of three"
+)
+#: Retired ids: their successor and what changed.
+RETIRED: dict[str, tuple[str, str]] = {
+    "tldr-v0": ("tldr-v1", _WRITING_V1),
+    "arxiv-v0": ("arxiv-v1", _WRITING_V1),
+    "humaneval-v0": ("humaneval-v1", _CODING_V1),
+    "coophumaneval-v0": ("coophumaneval-v1", _CODING_V1),
+}
+
+
 def resolve_env_id(env_id: str) -> str:
-    """Accept ``coophumaneval`` for ``coophumaneval-v0``; unknown ids get a helpful error."""
+    """Accept ``coophumaneval`` for the newest ``coophumaneval-vN``; retired and unknown ids
+    get an error that says what to use instead."""
     if env_id in _REGISTRY:
         return env_id
+    if env_id in RETIRED:
+        successor, changes = RETIRED[env_id]
+        raise DeprecatedEnvError(
+            f"{env_id!r} is retired: use {successor!r} (or {successor.rsplit('-v', 1)[0]!r} for "
+            f"the newest version). What changed: {changes}. Scores of the two versions are not "
+            "comparable."
+        )
     versioned = sorted(known for known in _REGISTRY if known.rsplit("-v", 1)[0] == env_id)
     if versioned:
         return versioned[-1]
@@ -133,13 +166,15 @@ def make(
     """Create an environment of the suite.
 
     Args:
-        env_id: a registered id (``registry()``), with or without its ``-v0`` suffix.
+        env_id: a registered id (``registry()``), or its name without the ``-vN`` suffix
+            for the newest version.
         data: a Hugging Face dataset id or a local ``.json``/``.jsonl``/``.parquet`` file or
             ``save_to_disk`` folder; default: the task's own dataset.
         split: the dataset split (writing tasks) or the paper's split (coding tasks: ``train``,
             ``eval``, ``test`` where defined, or ``all``).
         max_turns: the horizon; observations after turn 1 carry feedback.
-        task_options: options of the task (e.g. ``min_words``/``max_words`` for writing).
+        task_options: options of the task: ``prompt_style``, ``min_words``, ``max_words``
+            (writing); ``feedback_failures``, ``sandbox_settings`` (coding).
     """
     spec = _REGISTRY[resolve_env_id(env_id)]
     unknown = sorted(set(task_options) - set(spec.task_options))
@@ -157,46 +192,48 @@ def make(
         records = _cached_records(source, spec.hub_split, tuple(spec.required_fields), spec.env_id)
         records = _select_split(records, spec, split)
     task = spec.task_class(records, **task_options)
-    return TextParallelEnv(task, max_turns=max_turns, render_mode=render_mode)
+    env = TextParallelEnv(task, max_turns=max_turns, render_mode=render_mode)
+    env.metadata["name"] = spec.env_id
+    return env
 
 
 CODING_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 for _spec in (
     EnvSpec(
-        "tldr-v0",
+        "tldr-v1",
         "TLDR: a concise and a detailed summary of a Reddit post",
         TldrTask,
         "trl-lib/tldr",
         ("prompt",),
-        task_options=("min_words", "max_words"),
+        task_options=("prompt_style", "min_words", "max_words"),
     ),
     EnvSpec(
-        "arxiv-v0",
+        "arxiv-v1",
         "arXiv: background and methodology parts of an introduction from an abstract",
         ArxivTask,
         "OpenMLRL/arXiv_abstract",
         ("abstract_text",),
-        task_options=("min_words", "max_words"),
+        task_options=("prompt_style", "min_words", "max_words"),
     ),
     EnvSpec(
-        "humaneval-v0",
+        "humaneval-v1",
         "HumanEval: a helper `aux` and the main function, tested in a sandbox",
         HumanEvalTask,
         BUNDLED_HUMANEVAL,
         CODING_FIELDS,
         hub_split="test",
-        task_options=("sandbox_settings",),
+        task_options=("feedback_failures", "sandbox_settings"),
         eval_split="eval",
     ),
     EnvSpec(
-        "coophumaneval-v0",
+        "coophumaneval-v1",
         "CoopHumanEval: 82 problems built for two cooperating coders",
         CoopHumanEvalTask,
         "OpenMLRL/CoopHumanEval",
         CODING_FIELDS,
         hub_split="test",
-        task_options=("sandbox_settings",),
+        task_options=("feedback_failures", "sandbox_settings"),
         eval_split="eval",
     ),
 ):

@@ -38,8 +38,8 @@ class MAGRPOConfig:
 
     # Environment ---------------------------------------------------------------------------
     env: str = field(
-        default="coophumaneval-v0",
-        metadata=_help("Environment id for llm_marl_envs.make (aliases without -v0 accepted)."),
+        default="coophumaneval-v1",
+        metadata=_help("Environment id for llm_marl_envs.make (a name without -vN means the newest version)."),
     )
     env_kwargs: dict[str, Any] = field(
         default_factory=dict,

@@ -10,14 +10,14 @@ from pettingzoo.utils.conversions import parallel_to_aec
 import llm_marl_envs
 
 ENV_KWARGS = {
-    "tldr-v0": {"data": DATA / "tldr_sample.jsonl"},
-    "arxiv-v0": {"data": DATA / "arxiv_sample.jsonl"},
-    "humaneval-v0": {"split": "eval"},
-    "coophumaneval-v0": {"data": DATA / "coding_sample.jsonl", "split": "all"},
+    "tldr-v1": {"data": DATA / "tldr_sample.jsonl"},
+    "arxiv-v1": {"data": DATA / "arxiv_sample.jsonl"},
+    "humaneval-v1": {"split": "eval"},
+    "coophumaneval-v1": {"data": DATA / "coding_sample.jsonl", "split": "all"},
 }
 
 SAMPLE_ACTIONS = {
-    "tldr-v0": {
+    "tldr-v1": {
         "concise": "The poster's roommate keeps eating her food and denies it every time.",
         "detailed": (
             "The poster shares an apartment with a coworker. However, for two months her "
@@ -26,12 +26,12 @@ SAMPLE_ACTIONS = {
             "without hurting their relationship at work."
         ),
     },
-    "arxiv-v0": {
+    "arxiv-v1": {
         "background": "Teams of models coordinate. " * 30,
         "method": "We train jointly. " * 45,
     },
-    "humaneval-v0": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
-    "coophumaneval-v0": {
+    "humaneval-v1": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
+    "coophumaneval-v1": {
         "aux": "def aux(ch):\n    return ch.lower() in 'aeiou'",
         "main": "def count_vowels(text):\n    return sum(1 for ch in text if aux(ch))",
     },
@@ -43,7 +43,7 @@ def test_registry_lists_the_four_tasks():
     assert all(llm_marl_envs.registry().values())
     # the paper evaluates the coding tasks on its "eval" problems, the writing tasks on "test"
     assert llm_marl_envs.default_eval_split("coophumaneval") == "eval"
-    assert llm_marl_envs.default_eval_split("humaneval-v0") == "eval"
+    assert llm_marl_envs.default_eval_split("humaneval-v1") == "eval"
     assert (
         llm_marl_envs.default_eval_split("arxiv")
         == llm_marl_envs.default_eval_split("tldr")
@@ -55,15 +55,37 @@ def test_unknown_env_id_names_the_known_ones():
     with pytest.raises(llm_marl_envs.UnknownEnvError) as caught:
         llm_marl_envs.make("coophumanevl")
     message = str(caught.value)
-    assert "coophumaneval-v0" in message and "Did you mean" in message
+    assert "coophumaneval-v1" in message and "Did you mean" in message
 
 
 def test_alias_without_version_and_pettingzoo_registry():
     import pettingzoo
 
-    assert llm_marl_envs.resolve_env_id("tldr") == "tldr-v0"
-    env = pettingzoo.make("parallel", "tldr-v0", data=DATA / "tldr_sample.jsonl")
+    assert llm_marl_envs.resolve_env_id("tldr") == "tldr-v1"
+    env = pettingzoo.make("parallel", "tldr-v1", data=DATA / "tldr_sample.jsonl")
     assert env.possible_agents == ["concise", "detailed"]
+
+
+@pytest.mark.parametrize("old", ["tldr-v0", "arxiv-v0", "humaneval-v0", "coophumaneval-v0"])
+def test_retired_ids_name_their_successor_and_what_changed(old):
+    new = old.replace("-v0", "-v1")
+    with pytest.raises(llm_marl_envs.DeprecatedEnvError) as caught:
+        llm_marl_envs.make(old)
+    message = str(caught.value)
+    assert f"use {new!r}" in message and "What changed:" in message
+    assert isinstance(caught.value, llm_marl_envs.UnknownEnvError)  # old handlers still catch it
+    assert llm_marl_envs.resolve_env_id(old.rsplit("-v", 1)[0]) == new
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
+def test_envs_publish_their_id_and_answer_format(env_id):
+    env = llm_marl_envs.make(env_id, **ENV_KWARGS[env_id])
+    assert env.metadata["name"] == env_id
+    assert set(env.metadata["answer_format"]) == set(env.possible_agents)
+    for answer_format in env.metadata["answer_format"].values():
+        assert answer_format["max_tokens"] > 0
+        assert all(isinstance(stop, str) and stop for stop in answer_format["stop"])
+    assert type(env).metadata["name"] == "text_parallel_v0"  # the class's stays untouched
 
 
 @pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
@@ -96,7 +118,7 @@ def test_full_episodes_are_deterministic(env_id):
 
 
 def test_same_seed_same_item_and_index_option():
-    env = llm_marl_envs.make("tldr-v0", data=DATA / "tldr_sample.jsonl")
+    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl")
     first, _ = env.reset(seed=3)
     assert env.reset(seed=3)[0] == first
     env.reset(options={"index": 5})
@@ -106,7 +128,7 @@ def test_same_seed_same_item_and_index_option():
 
 
 def test_deepcopy_branches_share_data_but_not_state():
-    env = llm_marl_envs.make("coophumaneval-v0", **ENV_KWARGS["coophumaneval-v0"], max_turns=2)
+    env = llm_marl_envs.make("coophumaneval-v1", **ENV_KWARGS["coophumaneval-v1"], max_turns=2)
     env.reset(options={"index": 0})
     branch = copy.deepcopy(env)
     assert branch.task is env.task and branch.task.records is env.task.records
@@ -115,7 +137,7 @@ def test_deepcopy_branches_share_data_but_not_state():
 
 
 def test_multi_turn_coding_feedback_and_early_termination():
-    env = llm_marl_envs.make("coophumaneval-v0", **ENV_KWARGS["coophumaneval-v0"], max_turns=3)
+    env = llm_marl_envs.make("coophumaneval-v1", **ENV_KWARGS["coophumaneval-v1"], max_turns=3)
     env.reset(options={"index": 0})
     wrong = {
         "aux": "def aux(ch):\n    return ch in 'aeiou'",
@@ -128,13 +150,13 @@ def test_multi_turn_coding_feedback_and_early_termination():
     assert "Tests passed: 1/4" in observations["main"] and "Failed: assert" in observations["aux"]
     assert infos["main"]["tests_passed"] == 1 and infos["main"]["tests_total"] == 4
 
-    observations, rewards, terminations, *_ = env.step(SAMPLE_ACTIONS["coophumaneval-v0"])
+    observations, rewards, terminations, *_ = env.step(SAMPLE_ACTIONS["coophumaneval-v1"])
     assert all(terminations.values()) and env.agents == []
     assert rewards["main"] == pytest.approx(4.0)
 
 
 def test_multi_turn_writing_feedback_names_the_failed_level():
-    env = llm_marl_envs.make("tldr-v0", data=DATA / "tldr_sample.jsonl", max_turns=2)
+    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl", max_turns=2)
     env.reset(options={"index": 0})
     observations, rewards, *_, infos = env.step(
         {"concise": "Too short.", "detailed": "Also short."}
@@ -142,29 +164,29 @@ def test_multi_turn_writing_feedback_names_the_failed_level():
     assert rewards["concise"] == 0.0 and infos["concise"]["failed_level"] == "structure"
     assert "'structure' level failed" in observations["detailed"]
     assert "Also short." in observations["detailed"]
-    _, _, _, truncations, _ = env.step(SAMPLE_ACTIONS["tldr-v0"])
+    _, _, _, truncations, _ = env.step(SAMPLE_ACTIONS["tldr-v1"])
     assert all(truncations.values())
 
 
 def test_bad_options_give_clear_errors(tmp_path):
     with pytest.raises(llm_marl_envs.ConfigError, match="max_turns"):
-        llm_marl_envs.make("humaneval-v0", max_turns=0)
+        llm_marl_envs.make("humaneval-v1", max_turns=0)
     with pytest.raises(llm_marl_envs.ConfigError, match="does not take"):
-        llm_marl_envs.make("humaneval-v0", min_words=3)
+        llm_marl_envs.make("humaneval-v1", min_words=3)
     with pytest.raises(llm_marl_envs.ConfigError, match="split"):
-        llm_marl_envs.make("humaneval-v0", split="validation")
+        llm_marl_envs.make("humaneval-v1", split="validation")
     with pytest.raises(llm_marl_envs.ConfigError, match="split='all'"):
-        llm_marl_envs.make("coophumaneval-v0", data=DATA / "coding_sample.jsonl", split="train")
+        llm_marl_envs.make("coophumaneval-v1", data=DATA / "coding_sample.jsonl", split="train")
     with pytest.raises(llm_marl_envs.DataUnavailableError, match="does not exist"):
-        llm_marl_envs.make("tldr-v0", data=tmp_path / "missing.jsonl")
+        llm_marl_envs.make("tldr-v1", data=tmp_path / "missing.jsonl")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"title": "no prompt field"}\n')
     with pytest.raises(llm_marl_envs.DataFormatError, match="prompt"):
-        llm_marl_envs.make("tldr-v0", data=broken)
+        llm_marl_envs.make("tldr-v1", data=broken)
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json")
     with pytest.raises(llm_marl_envs.DataFormatError, match="Could not parse"):
-        llm_marl_envs.make("tldr-v0", data=garbage)
+        llm_marl_envs.make("tldr-v1", data=garbage)
 
 
 def test_unreachable_hub_names_dataset_and_data_option(monkeypatch):
@@ -174,7 +196,7 @@ def test_unreachable_hub_names_dataset_and_data_option(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(llm_marl_envs.DataUnavailableError) as caught:
-        llm_marl_envs.make("arxiv-v0", data="OpenMLRL/no-such-dataset-for-tests")
+        llm_marl_envs.make("arxiv-v1", data="OpenMLRL/no-such-dataset-for-tests")
     assert "OpenMLRL/no-such-dataset-for-tests" in str(caught.value)
     assert "data=" in str(caught.value)
 
@@ -186,7 +208,7 @@ def test_save_to_disk_folder_and_parquet(tmp_path):
     table.save_to_disk(str(tmp_path / "folder"))
     table.to_parquet(str(tmp_path / "tldr.parquet"))
     for source in (tmp_path / "folder", tmp_path / "tldr.parquet"):
-        env = llm_marl_envs.make("tldr-v0", data=source)
+        env = llm_marl_envs.make("tldr-v1", data=source)
         assert env.num_items == len(table)
 
 
@@ -194,10 +216,10 @@ def test_folder_of_split_files_selects_the_split(tmp_path):
     lines = (DATA / "tldr_sample.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "train.jsonl").write_text("".join(lines[:8]))
     (tmp_path / "test.jsonl").write_text("".join(lines[8:]))
-    assert llm_marl_envs.make("tldr-v0", data=tmp_path, split="train").num_items == 8
-    assert llm_marl_envs.make("tldr-v0", data=tmp_path, split="test").num_items == len(lines) - 8
+    assert llm_marl_envs.make("tldr-v1", data=tmp_path, split="train").num_items == 8
+    assert llm_marl_envs.make("tldr-v1", data=tmp_path, split="test").num_items == len(lines) - 8
     with pytest.raises(llm_marl_envs.DataUnavailableError, match="has the splits"):
-        llm_marl_envs.make("tldr-v0", data=tmp_path, split="validation")
+        llm_marl_envs.make("tldr-v1", data=tmp_path, split="validation")
 
 
 def test_importing_the_envs_does_not_import_torch():
