@@ -8,6 +8,14 @@ still running becomes a child node that samples a fresh group from that branch's
 observations. Returns: R_j = r_j + discount * mean(returns of the child's joints).
 All nodes of one depth, over all roots, are sampled in one batched call.
 
+A joint that ends the episode early by solving it (the env terminates it) or that is not
+expanded (early termination) keeps its reward for every turn left in the horizon:
+R_j = r_j * (1 + discount + ... + discount^(turns left)). Without this, a solve at turn 1
+(R = r) is worth less than a partial answer followed by a solve (r' + discount * r), since
+every reward is >= 0, and the group baseline would push agents away from solving early. The
+authors' library hides this with a constant reward shift; the value of staying solved needs
+no tuned constant. A branch that the env truncates has no turns left.
+
 Randomness: given ``root_seeds``, every request carries a seed derived from its root's seed
 and its path in the tree (joint index, agent), so a tree's samples do not depend on which
 other trees share the batch: one process or many, the same episodes get the same samples.
@@ -48,6 +56,7 @@ class JointOutcome:
     reward: float
     reward_parts: dict[str, float]
     done: bool
+    terminated: bool = False  # the env ended the episode before its horizon (e.g. solved)
     child: int | None = None
     value: float = float("nan")  # the return R_j, filled by compute_returns
 
@@ -104,7 +113,9 @@ def joint_actions(num_agents: int, group_size: int, joint_mode: str) -> list[tup
     raise ValueError(f"unknown joint_mode {joint_mode!r} (aligned | cross)")
 
 
-def _step_branch(env: Any, actions: dict[str, str]) -> tuple[Any, dict, float, dict, bool]:
+def _step_branch(
+    env: Any, actions: dict[str, str]
+) -> tuple[Any, dict, float, dict, bool, bool]:
     branch = copy.deepcopy(env)
     observations, rewards, terminations, truncations, infos = branch.step(actions)
     reward = float(np.mean([float(rewards[a]) for a in actions])) if rewards else 0.0
@@ -117,7 +128,8 @@ def _step_branch(env: Any, actions: dict[str, str]) -> tuple[Any, dict, float, d
     done = not branch.agents or all(
         terminations.get(a, False) or truncations.get(a, False) for a in actions
     )
-    return branch, observations, reward, parts, done
+    terminated = done and not any(truncations.get(a, False) for a in actions)
+    return branch, observations, reward, parts, done, terminated
 
 
 def run_rollout(
@@ -171,8 +183,8 @@ def run_rollout(
         next_frontier: list[tuple[Node, Any]] = []
         pending: dict[int, list[tuple[JointOutcome, Any, dict]]] = {}
         for node, actions, future in jobs:
-            branch, observations, reward, parts, done = future.result()
-            outcome = JointOutcome(actions, reward, parts, done)
+            branch, observations, reward, parts, done, terminated = future.result()
+            outcome = JointOutcome(actions, reward, parts, done, terminated)
             node.joints.append(outcome)
             pending.setdefault(node.node_id, []).append((outcome, branch, observations))
         result.seconds_env += time.perf_counter() - started
@@ -203,23 +215,28 @@ def run_rollout(
                 next_frontier.append((child, branch))
         frontier = next_frontier
 
-    compute_returns(nodes, discount)
+    compute_returns(nodes, discount, num_turns)
     return result
 
 
-def compute_returns(nodes: list[Node], discount: float) -> None:
+def compute_returns(nodes: list[Node], discount: float, num_turns: int = 1) -> None:
     """Fill ``JointOutcome.value`` bottom-up and each agent's credited ``sample_returns``.
 
     Children always have larger ids than their parents, so one reverse pass suffices.
     An agent's sample is credited with the mean return over the joints that contain it
-    (aligned mode: exactly one joint).
+    (aligned mode: exactly one joint). A leaf before the horizon that the env did not
+    truncate keeps its reward for the turns left (see the module docstring).
     """
     for node in reversed(nodes):
+        turns_left = num_turns - 1 - node.turn
         for outcome in node.joints:
-            outcome.value = outcome.reward
             if outcome.child is not None:
                 child_values = [j.value for j in nodes[outcome.child].joints]
-                outcome.value += discount * float(np.mean(child_values))
+                outcome.value = outcome.reward + discount * float(np.mean(child_values))
+            elif outcome.done and not outcome.terminated:
+                outcome.value = outcome.reward  # truncated: the episode has no turns left
+            else:
+                outcome.value = outcome.reward * sum(discount**k for k in range(turns_left + 1))
         node.sample_returns = {}
         for index, agent in enumerate(node.agents):
             group = len(node.samples[agent])

@@ -76,7 +76,8 @@ def test_tree_of_three_turns_has_g_cubed_leaves():
 def test_early_termination_and_finished_episodes_are_leaves():
     stopped = rollout(WordGameEnv(max_turns=2), num_turns=2, early_termination_threshold=0.7)
     assert len(stopped.nodes) == 1  # mean reward 0.75 > 0.7: not expanded
-    assert stopped.nodes[0].sample_returns["alice"] == [1.5, 0.0]
+    # not expanded: each joint keeps its reward for the turn left (discount 1)
+    assert stopped.nodes[0].sample_returns["alice"] == [3.0, 0.0]
     ended = rollout(WordGameEnv(max_turns=1), num_turns=2)
     assert len(ended.nodes) == 1  # the env ended every branch
 
@@ -128,3 +129,60 @@ def test_request_seeds_depend_on_the_tree_not_on_the_batch():
     every = [seed for call in together for seed in call]
     assert len(set(every)) == len(every)  # every (node, agent) draws its own stream
     assert seeds_of(None, num_roots=1) == [None, None]  # unseeded: torch's global generator
+
+
+class SolveEnv(WordGameEnv):
+    """HumanEval's numbers: a full solve scores 2.5 and ends the episode, anything else 1.1."""
+
+    def step(self, actions):
+        solved = all(text == "solve" for text in actions.values())
+        reward = 2.5 if solved else 1.1
+        self.turn += 1
+        over = solved or self.turn >= self.max_turns
+        observations = {a: f"turn {self.turn}" for a in self.agents}
+        infos = {a: {"reward_parts": {"score": reward}} for a in self.agents}
+        terminations = {a: solved for a in self.agents}
+        truncations = {a: over and not solved for a in self.agents}
+        if over:
+            self.agents = []
+        return observations, {a: reward for a in actions}, terminations, truncations, infos
+
+
+def solve_sampler(requests, num_samples, seeds=None):
+    """Turn 1: sample 0 solves, sample 1 is partial. Turn 2: every sample solves."""
+    return [
+        [
+            Completion(agent, "solve" if g == 0 or obs.startswith("turn") else "partial", [1], [2],
+                       True)
+            for g in range(num_samples)
+        ]
+        for agent, obs in requests
+    ]
+
+
+@pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
+def test_a_turn_one_solve_is_worth_at_least_a_partial_answer_then_a_solve(joint_mode):
+    env = SolveEnv(max_turns=2)
+    observations, _ = env.reset(options={"index": 0})
+    with ThreadPoolExecutor(2) as pool:
+        result = run_rollout([env], [observations], solve_sampler, pool, group_size=2,
+                             joint_mode=joint_mode, num_turns=2, discount=0.9)
+    root = result.nodes[0]
+    values = {joint.actions: joint.value for joint in root.joints}
+    solve_now = values[(0, 0)]
+    assert solve_now == pytest.approx(2.5 * (1 + 0.9))  # stays solved for the turn left
+    partial_then_solve = values[(1, 1)]
+    assert partial_then_solve == pytest.approx(1.1 + 0.9 * 2.5)  # 3.35
+    assert solve_now >= partial_then_solve
+    for returns in root.sample_returns.values():
+        assert returns[0] > returns[1]  # the sample that solved at once is credited more
+
+
+def test_a_truncated_branch_has_no_turns_left():
+    env = SolveEnv(max_turns=1)  # the env ends every episode after one turn
+    observations, _ = env.reset(options={"index": 0})
+    with ThreadPoolExecutor(2) as pool:
+        result = run_rollout([env], [observations], solve_sampler, pool, group_size=2,
+                             num_turns=2, discount=0.9)
+    values = [joint.value for joint in result.nodes[0].joints]
+    assert values == pytest.approx([2.5 * 1.9, 1.1])
