@@ -147,4 +147,6 @@ def test_aux_usage_patterns():
     assert not usage("def f(x):\n    y = aux(x)\n    return y + 1").thin_wrapper
     assert usage("def f(x):\n    aux(x)\n    return x").ignores_result
     assert not usage("def f(x):\n    aux(x)\n    return aux(x) + 1").ignores_result
+    assert usage("def f(x):\n    _ = aux(x)\n    return x").ignores_result  # stored, never read
+    assert not usage("def f(x):\n    y = aux(x)\n    return x + y").ignores_result
     assert not usage("def f(x):\n    return x").calls_aux

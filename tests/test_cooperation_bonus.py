@@ -123,6 +123,22 @@ HACKS = {
                 pass
             return {OWN_SOLUTION}
         """),
+    # main writes its own top-level aux (dropped from the program) and leans on it
+    "top_level_def_aux_in_main": (HELPER, """
+        def aux(numbers):
+            return [n * n for n in numbers]
+
+        def sum_of_squares(numbers):
+            return sum(aux(numbers))
+        """),
+    # the helper's aux runs but returns nothing, and main does the work
+    "helper_returns_none": ("def aux(numbers):\n    return None\n", f"""
+        def sum_of_squares(numbers):
+            result = aux(numbers)
+            if result is None:
+                return {OWN_SOLUTION}
+            return result
+        """),
     # main tries to make the judge believe aux ran by writing protocol frames itself
     "forged_protocol_frames": (NO_HELPER, f"""
         import os

@@ -161,7 +161,7 @@ class AuxUsage:
     thin_wrapper: (
         bool  # main only forwards to aux: ``return aux(...)`` or ``x = aux(...); return x``
     )
-    ignores_result: bool  # every call of aux discards its result
+    ignores_result: bool  # every call of aux discards its result (or stores it, never read)
 
 
 def _is_aux_call(node: ast.AST | None, helper: str) -> bool:
@@ -181,11 +181,23 @@ def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef | None, helper: str =
     calls = [node for node in ast.walk(main) if _is_aux_call(node, helper)]
     if not calls:
         return AuxUsage(False, False, False)
-    discarded = {
-        id(stmt.value)
-        for stmt in ast.walk(main)
-        if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value, helper)
+    read = {
+        node.id for node in ast.walk(main) if isinstance(node, ast.Name)
+        and isinstance(node.ctx, ast.Load)
     }
+    discarded = set()
+    for stmt in ast.walk(main):
+        if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value, helper):
+            discarded.add(id(stmt.value))  # aux(x) as a statement
+        elif (
+            isinstance(stmt, (ast.Assign, ast.AnnAssign))
+            and _is_aux_call(stmt.value, helper)
+            and all(
+                isinstance(target, ast.Name) and target.id not in read
+                for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+            )
+        ):
+            discarded.add(id(stmt.value))  # _ = aux(x), with _ never read
     ignores_result = all(id(call) in discarded for call in calls)
 
     body = _body_without_docstring(main)
@@ -207,9 +219,10 @@ def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef | None, helper: str =
 def binds_name(source: str, name: str) -> bool:
     """Whether code binds ``name`` anywhere, at any depth, in any way Python allows.
 
-    A main answer that binds ``aux`` itself (``def aux``, ``aux = ...``, a parameter, an
-    import, ``global aux``, a loop or comprehension target, ``except ... as aux``, a match
-    capture, a walrus) could stand in for the helper, so it forfeits the cooperation bonus.
+    A main answer that binds ``aux`` itself (``def aux`` at any level, ``aux = ...``, a
+    parameter, an import, ``global aux``, a loop or comprehension target, ``except ... as
+    aux``, a match capture, a walrus) means to stand in for the helper, so it forfeits the
+    cooperation bonus, even where the program drops the binding (a top-level ``def aux``).
     Code that does not parse counts as binding it (such a program never gets that far).
     """
     tree = _parse(source)

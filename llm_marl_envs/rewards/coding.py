@@ -1,4 +1,4 @@
-"""The joint reward of the two coding tasks (REFERENCE.md §3.3), maximum 4.0.
+"""The joint reward of the two coding tasks (docs/reference.md §3.3), maximum 4.0.
 
 1. structure: ``aux`` defined with a return value +0.4 (optional); the main function defined
    with a return value +0.6, else the sum stops;
@@ -26,6 +26,7 @@ from ..sandbox import TestJob, TestReport, count_tests, run_tests
 from .code_analysis import (
     aux_usage,
     binds_name,
+    code_region,
     extract_definitions,
     parses,
     problem_context,
@@ -84,7 +85,9 @@ def score_coding(
         "aux_defined": aux.target_source != "",
         "main_defined": main.target_source != "",
         "main_calls_aux": usage.calls_aux,
-        "main_binds_aux": binds_name(main.source, HELPER_NAME),
+        # the whole answer: a top-level ``def aux`` is dropped from the program, but it still
+        # shows a main that meant to do the helper's part itself
+        "main_binds_aux": binds_name(code_region(main_text), HELPER_NAME),
         "main_is_thin_wrapper": usage.thin_wrapper,
         "aux_result_ignored": usage.ignores_result,
         "aux_ran_in_passing_tests": 0,

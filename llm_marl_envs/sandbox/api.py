@@ -32,7 +32,7 @@ class TestOutcome:
     source: str  # the assert statement's source text, capped at ~300 chars
     passed: bool  # executed at least once and every execution passed
     error: str  # "" when passed, else e.g. "AssertionError", "TypeError: ...", "timeout"
-    helper_ran: bool = False  # the helper's function returned a value during this assert
+    helper_ran: bool = False  # the helper's function returned a value (not None) during it
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,8 @@ class Worker:
         self.names: list[str] = []
         #: The worker running the other agent's function (``job["helper_name"]``), if any.
         self.helper = helper
-        #: Calls of the helper's function that returned a value to this worker's program:
-        #: counted here, in the judge, so the program cannot inflate it.
+        #: Calls of the helper's function that returned a value (not None) to this worker's
+        #: program: counted here, in the judge, so the program cannot inflate it.
         self.helper_returns = 0
         home = job["workdir"]
         self.env = {
@@ -246,7 +246,8 @@ class Worker:
                 raise CandidateError("crashed", f"{name}(): {exc}"[:ERROR_CAP]) from None
             name_of = exc.name if isinstance(exc, CandidateError) else type(exc).__name__
             return ("raise", name_of, getattr(exc, "sandbox_message", str(exc))[:ERROR_CAP])
-        self.helper_returns += 1
+        if value is not None:  # a helper that returns nothing has not helped
+            self.helper_returns += 1
         return ("ok", value)
 
     def _read(self, deadline: float) -> tuple:
