@@ -1,4 +1,4 @@
-"""The paper's inference-time protocols (REFERENCE.md §4), over any PettingZoo text env.
+"""The paper's inference-time protocols (docs/reference.md §4), over any PettingZoo text env.
 
 A protocol turns the agents' observations into joint actions; the environment scores them.
 Protocols read only the observations the env gives and the other agents' answers, and build

@@ -1,4 +1,4 @@
-"""Every level boundary of the writing rewards (REFERENCE.md §3.1, §3.2)."""
+"""Every level boundary of the writing rewards (docs/reference.md §3.1, §3.2)."""
 
 import math
 import re

@@ -1,4 +1,4 @@
-"""Text measurements shared by the writing rewards (REFERENCE.md §3: words are whitespace tokens,
+"""Text measurements of the writing rewards (docs/reference.md §3: words are whitespace tokens,
 lengths are characters, unique words are distinct lower-cased ``\\w+`` words)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gated joint reward of the two writing tasks (REFERENCE.md §3.1 and §3.2).
+"""The gated joint reward of the two writing tasks (docs/reference.md §3.1 and §3.2).
 
 Four levels are summed in order and a level that scores 0 ends the sum, so the agents must
 first get the format right (level 1), then the relation between their lengths (2), then their
