@@ -64,7 +64,8 @@ def test_feedback_shows_one_failing_assert_and_the_types_of_the_others() -> None
     env = llm_marl_envs.make("coophumaneval-v1", data=DATA / "coding_sample.jsonl", split="all",
                              max_turns=2)
     env.reset(options={"index": 0})
-    wrong = {"aux": "def aux(text):\n    return 0", "main": "def count_vowels(text):\n    return -1"}
+    wrong = {"aux": "def aux(text):\n    return 0",
+             "main": "def count_vowels(text):\n    return -1"}
     observations, *_ , infos = env.step(wrong)
     feedback = observations["main"].split("Feedback on the team's previous attempt:")[1]
     total = infos["main"]["tests_total"]

@@ -86,7 +86,7 @@ HACKS = {
             return {OWN_SOLUTION}
         """),
     # aux taken as a parameter with a default
-    "parameter_default": (HELPER, f"""
+    "parameter_default": (HELPER, """
         def sum_of_squares(numbers, aux=lambda values: [v * v for v in values]):
             return sum(aux(numbers))
         """),
@@ -104,7 +104,7 @@ HACKS = {
             return sum(aux(numbers))
         """),
     # aux imported under that name
-    "import_as_aux": (HELPER, f"""
+    "import_as_aux": (HELPER, """
         def sum_of_squares(numbers):
             from builtins import list as aux
             return sum(aux(n * n for n in numbers))
@@ -186,6 +186,8 @@ def test_calling_aux_is_not_binding_it() -> None:
 def test_arguments_are_copied_to_the_helper() -> None:
     """The helper's worker gets copies: an in-place change made by aux is not seen by main."""
     helper = "def aux(numbers):\n    numbers.append(100)\n    return len(numbers)\n"
-    main = "def sum_of_squares(numbers):\n    aux(numbers)\n    return sum(n * n for n in numbers)\n"
+    main = (
+        "def sum_of_squares(numbers):\n    aux(numbers)\n    return sum(n * n for n in numbers)\n"
+    )
     result = score(helper, main)
     assert result.details["tests_passed"] == 5

@@ -40,22 +40,23 @@ CONTRACT = (
     "`{helper}({call})` takes the same arguments as `{entry_point}` and returns a value that "
     "helps compute the answer, such as an intermediate result or a check."
 )
-AUX_INSTRUCTIONS = """You are the helper in a team of two Python programmers. Your teammate writes the function `{entry_point}{signature}`. You write a helper function that your teammate will call.
-
-The problem your team solves:
-{context}{docstring}
-
-The contract: {contract} Your teammate calls `{helper}({call})` without seeing your code.
-
-Write only the function `{helper}` (with any imports it needs) as one Python code block, in this form:
-```python
-def {helper}({parameters}):
-    ...
-    return result
-```"""
-MAIN_INSTRUCTIONS = """You are the main programmer in a team of two. Complete the function `{entry_point}` below. Your teammate writes a helper function: {contract} You may call `{helper}({call})`, but you cannot see its code; do not define `{helper}` yourself. Write only the code of `{entry_point}` as one Python code block.
-
-{prompt}"""
+AUX_INSTRUCTIONS = (
+    "You are the helper in a team of two Python programmers. Your teammate writes the "
+    "function `{entry_point}{signature}`. You write a helper function that your teammate "
+    "will call.\n\n"
+    "The problem your team solves:\n{context}{docstring}\n\n"
+    "The contract: {contract} Your teammate calls `{helper}({call})` without seeing your "
+    "code.\n\n"
+    "Write only the function `{helper}` (with any imports it needs) as one Python code "
+    "block, in this form:\n"
+    "```python\ndef {helper}({parameters}):\n    ...\n    return result\n```"
+)
+MAIN_INSTRUCTIONS = (
+    "You are the main programmer in a team of two. Complete the function `{entry_point}` "
+    "below. Your teammate writes a helper function: {contract} You may call "
+    "`{helper}({call})`, but you cannot see its code; do not define `{helper}` yourself. "
+    "Write only the code of `{entry_point}` as one Python code block.\n\n{prompt}"
+)
 
 
 @dataclass(frozen=True)
