@@ -173,6 +173,7 @@ def ours_flags(args, mode: str, steps: int, out_dir: str) -> list[str]:
         "--temperature", str(args.temperature), "--top-p", str(args.top_p), "--top-k", "0",
         "--learning-rate", str(args.learning_rate), "--max-grad-norm", "none",
         "--max-steps", str(steps), "--prompts-per-step", "1", "--num-turns", "1",
+        "--joint-mode", "aligned",
         "--eval-interval", "0", "--save-interval", "0", "--log-backends", "jsonl",
         "--torch-threads", str(args.threads), "--seed", str(args.seed),
         "--output-dir", out_dir, "--no-progress-bar", *args.ours_extra,

@@ -51,7 +51,7 @@ def build_trainer(args, output_dir: str):
     config = MAGRPOConfig(
         env=args.env, data=str(args.data), train_split=args.split, model=args.model,
         finetune=args.finetune, dtype=args.dtype, lora_rank=8, lora_alpha=16.0,
-        lora_target_modules=["q_proj", "v_proj"], use_chat_template=False,
+        lora_target_modules=["q_proj", "v_proj"], use_chat_template=False, joint_mode="aligned",
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=0.8,
         top_p=0.95, top_k=0, learning_rate=1e-4, max_grad_norm=None,
         max_steps=args.warmup + args.steps, prompts_per_step=1, num_turns=args.num_turns,

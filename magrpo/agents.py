@@ -21,9 +21,9 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,6 +69,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     top_k: int = 0
+    #: Per agent: strings after which an answer is complete (an env's ``answer_format``).
+    #: The answer ends with the token that completes one; what follows is never generated.
+    stop: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,19 +147,93 @@ class _Backend:
 
 
 def completion_from_ids(
-    agent: str, prompt_ids: list[int], ids: Sequence[int], eos_ids: Sequence[int], tokenizer
+    agent: str,
+    prompt_ids: list[int],
+    ids: Sequence[int],
+    eos_ids: Sequence[int],
+    tokenizer,
+    stop: Sequence[str] = (),
 ) -> Completion:
     """Generated ids as a Completion: cut after the first EOS (padding and anything a batch
-    kept generating dropped), ``finished`` when that EOS is there, text without specials."""
+    kept generating dropped) or after the token that completes a ``stop`` string, whichever
+    comes first; ``finished`` when it ended either way; text without specials.
+
+    Every generation path ends here, so the tokens trained on are exactly the answer's,
+    whether or not the sampler itself stopped at the string."""
     ids = [int(token) for token in ids]
     kept = ids[: completion_length(ids, eos_ids)]
     finished = bool(kept) and kept[-1] in eos_ids
     text = tokenizer.decode(kept, skip_special_tokens=True)
+    if stop and any(s in text for s in stop):
+        kept = kept[: _stop_length(kept, stop, tokenizer)]
+        text = tokenizer.decode(kept, skip_special_tokens=True)
+        finished = True
     return Completion(agent, text, list(prompt_ids), kept, finished)
+
+
+def _stop_length(ids: list[int], stop: Sequence[str], tokenizer) -> int:
+    """The fewest leading tokens of ``ids`` whose text contains a stop string (there is one:
+    containing it only grows with the prefix, so a binary search finds the first)."""
+    low, high = 1, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        text = tokenizer.decode(ids[:middle], skip_special_tokens=True)
+        if any(s in text for s in stop):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _ends_an_answer(ids: list[int], stop: Sequence[str], tokenizer) -> bool:
+    """Whether the newest token completed a stop string: checked on the last tokens only
+    (a string of n characters lies within the last n + 1 tokens that completed it)."""
+    window = max(len(s) for s in stop) + 1
+    text = tokenizer.decode(ids[-window:], skip_special_tokens=True)
+    return any(s in text for s in stop)
 
 
 def _adapter_name(agent: str) -> str:
     return re.sub(r"\W", "_", agent) or "agent"
+
+
+def _is_adapter_parameter(name: str, adapter: str) -> bool:
+    """``...q_proj.lora_A.<adapter>.weight``: matched by path component, not substring (an
+    agent named ``model`` must not take ``base_model.model.*`` of every adapter)."""
+    parts = name.split(".")
+    return any(
+        part.startswith("lora_") and following == adapter
+        for part, following in zip(parts, parts[1:], strict=False)
+    )
+
+
+def _check_chat_template(backend: _Backend) -> None:
+    """A chat template exists, and the token that ends an assistant turn stops generation.
+
+    Without the second, a model whose template ends turns with a token that is not one of
+    its EOS tokens would write past the end of every answer until ``max_new_tokens``.
+    """
+    tokenizer = backend.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            f"The tokenizer of agents {', '.join(backend.agents)} has no chat template, but "
+            "use_chat_template is on. Pass --no-use-chat-template to give the model raw text "
+            "prompts (as the paper does with base models), or use a model with a chat template."
+        )
+    marker = "\u2045answer\u2046"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}],
+        tokenize=False,
+    )
+    after = text.split(marker, 1)[1].lstrip() if marker in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
+    if ids and ids[0] not in backend.eos_ids:
+        logger.warning(
+            "The chat template of agents %s ends a turn with %r, which is not an EOS token of "
+            "the model; it is added to the tokens that end an answer.",
+            ", ".join(backend.agents), tokenizer.convert_ids_to_tokens(ids[0]),
+        )
+        backend.eos_ids = sorted({*backend.eos_ids, ids[0]})
 
 
 def _output_cache(output):
@@ -177,6 +254,9 @@ class Policies:
     ):
         self.backends = backends
         self.use_chat_template = use_chat_template
+        if use_chat_template:
+            for backend in backends:
+                _check_chat_template(backend)
         self.side_by_side = side_by_side  # seeded sampling of separate CPU models (``sample``)
         self.gradient_checkpointing = False  # in the log-prob pass (``activation_checkpointing``)
         # the log-prob pass's two forwards layer by layer in turn (``interleaved_passes``)
@@ -193,7 +273,7 @@ class Policies:
     # --- text <-> tokens -----------------------------------------------------------------
     def encode_prompt(self, agent: str, observation: str) -> list[int]:
         tokenizer = self.backend_of[agent].tokenizer
-        if self.use_chat_template and getattr(tokenizer, "chat_template", None):
+        if self.use_chat_template:
             text = tokenizer.apply_chat_template(
                 [{"role": "user", "content": observation}],
                 tokenize=False,
@@ -258,7 +338,12 @@ class Policies:
             for k, completion_ids in enumerate(generated):
                 row = k // num_samples
                 completion = completion_from_ids(
-                    agents[row], prompts[row], completion_ids, backend.eos_ids, backend.tokenizer
+                    agents[row],
+                    prompts[row],
+                    completion_ids,
+                    backend.eos_ids,
+                    backend.tokenizer,
+                    params.stop.get(agents[row], ()),
                 )
                 results[rows[row]].append(completion)
                 if record and self.sampled_states is not None:
@@ -352,8 +437,16 @@ class Policies:
                             backend, network, head, mask, prefix, num_samples
                         )
                     del prefix  # the static cache holds copies; the fused step, the tensors
+                    stops = [tuple(params.stop.get(a, ())) for a in row_agents]
                     loop = functools.partial(
-                        self._decode, backend, forward, step_ids, positions, params, sample_seeds
+                        self._decode,
+                        backend,
+                        forward,
+                        step_ids,
+                        positions,
+                        params,
+                        sample_seeds,
+                        stops,
                     )
                     try:
                         yield loop
@@ -362,8 +455,9 @@ class Policies:
                             step.give_back()
 
     @torch.inference_mode()
-    def _decode(self, backend, forward, step_ids, positions, params, sample_seeds):
-        """The sampling loop: ``forward(ids, positions)`` gives the next-token logits."""
+    def _decode(self, backend, forward, step_ids, positions, params, sample_seeds, stops):
+        """The sampling loop: ``forward(ids, positions)`` gives the next-token logits. A row
+        ends at an EOS token or at the token that completes one of its ``stops``."""
         rows = len(step_ids)
         generators = None
         if params.temperature > 0 and sample_seeds is not None:
@@ -382,14 +476,25 @@ class Policies:
             next_ids = torch.where(finished, backend.pad_id, next_ids)
             tokens.append(next_ids)
             finished |= torch.isin(next_ids, eos)
+            watched = [row for row in range(rows) if stops[row] and not finished[row]]
+            if watched:
+                generated = torch.stack(tokens, dim=1)[watched].tolist()
+                for row, ids in zip(watched, generated, strict=True):
+                    if _ends_an_answer(ids, stops[row], backend.tokenizer):
+                        finished[row] = True
             if bool(finished.all()):
                 break
             step_ids, positions = next_ids[:, None], positions[:, -1:] + 1
         return torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]
 
     # --- log-probs -----------------------------------------------------------------------
-    def logprobs(self, completions: Sequence[Completion], reference: bool = False) -> LogprobBatch:
+    def logprobs(
+        self, completions: Sequence[Completion], reference: bool = False, temperature: float = 1.0
+    ) -> LogprobBatch:
         """Token log-probs [B, T] of completions that share one model, and their mask.
+
+        ``temperature``: log softmax(logits / T), the distribution the completions were
+        sampled from at temperature T (before top-p/top-k truncation); 1: the model's own.
 
         Each distinct (agent, prompt) is run once; its KV cache (with gradients) is then
         indexed to the rows of its completions, which are run in one pass on top of it. The
@@ -422,7 +527,7 @@ class Policies:
             states = self.sampled_states.find(completions)
             if states is not None:
                 return self._logprobs_from_states(
-                    backend, completions, states, keys, rows, targets, mask
+                    backend, completions, states, keys, rows, targets, mask, temperature
                 )
             if backend not in self._unrecorded:
                 self._unrecorded.append(backend)
@@ -479,10 +584,12 @@ class Policies:
                     output = network(**completions, **{backend.cache_kwarg: cache})
                 if head is None:
                     logits = torch.cat([prompt_out.logits[rows, -1:], output.logits[:, :-1]], dim=1)
-                    return LogprobBatch(token_logprobs(logits, targets), mask)
+                    return LogprobBatch(token_logprobs(logits / temperature, targets), mask)
                 prompt_hidden, hidden = prompt_out.last_hidden_state, output.last_hidden_state
             hidden = torch.cat([prompt_hidden[rows, -1:], hidden[:, :-1]], dim=1)
-            return LogprobBatch(_head_logprobs(hidden, head, targets, mask, tied), mask)
+            return LogprobBatch(
+                _head_logprobs(hidden, head, targets, mask, tied, temperature), mask
+            )
 
     def _logprobs_from_states(
         self,
@@ -493,6 +600,7 @@ class Policies:
         rows: torch.Tensor,
         targets: torch.Tensor,
         mask: torch.Tensor,
+        temperature: float,
     ) -> LogprobBatch:
         """``logprobs`` from the layer inputs that sampling recorded (``sampled_states``):
         the sequence as the decode loop ran it, each prompt minus its last token once, then
@@ -532,7 +640,7 @@ class Policies:
                 backend, layer, prompt_agents if of_prompts else agents, False
             ),
         )
-        return LogprobBatch(_head_logprobs(hidden, head, targets, mask, tied), mask)
+        return LogprobBatch(_head_logprobs(hidden, head, targets, mask, tied, temperature), mask)
 
     @contextlib.contextmanager
     def _forwards(
@@ -592,11 +700,10 @@ class Policies:
     def named_trainable_parameters(self, agent: str) -> dict[str, torch.nn.Parameter]:
         backend = self.backend_of[agent]
         if backend.mode == "shared_lora":
-            tag = f".{backend.adapter[agent]}."
             return {
                 name: p
                 for name, p in backend.model.named_parameters()
-                if "lora_" in name and tag in name
+                if _is_adapter_parameter(name, backend.adapter[agent])
             }
         return {name: p for name, p in backend.model.named_parameters() if p.requires_grad}
 
@@ -621,13 +728,16 @@ def _head_logprobs(
     targets: torch.Tensor,
     mask: torch.Tensor,
     tied: TiedGradient | None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """[B, T] log-probs of ``targets`` under ``head(hidden)``, computed for the real tokens
-    of ``mask`` only (0 elsewhere)."""
+    """[B, T] log-probs of ``targets`` under ``head(hidden) / temperature``, computed for the
+    real tokens of ``mask`` only (0 elsewhere). Dividing the hidden states divides the
+    logits (the head has no bias) before the chunked output layer ever makes them."""
     real = mask.bool()
     logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    states = hidden[real] if temperature == 1.0 else hidden[real] / temperature
     return logprobs.masked_scatter(
-        real, linear_token_logprobs(hidden[real], head.weight, targets[real], tied)
+        real, linear_token_logprobs(states, head.weight, targets[real], tied)
     )
 
 

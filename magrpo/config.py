@@ -12,11 +12,14 @@ import dataclasses
 import json
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 JOINT_MODES = ("aligned", "cross")
+#: Advantage estimators whose baseline comes from the group: meaningless with group_size 1.
+GROUP_BASELINES = ("magrpo", "rloo", "remax")
 FINETUNE_MODES = ("lora", "full")
 DTYPES = ("float32", "bfloat16", "float16")
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
@@ -39,7 +42,9 @@ class MAGRPOConfig:
     # Environment ---------------------------------------------------------------------------
     env: str = field(
         default="coophumaneval-v1",
-        metadata=_help("Environment id for llm_marl_envs.make (a name without -vN means the newest version)."),
+        metadata=_help(
+            "Environment id for llm_marl_envs.make (a name without -vN: the newest version)."
+        ),
     )
     env_kwargs: dict[str, Any] = field(
         default_factory=dict,
@@ -105,10 +110,12 @@ class MAGRPOConfig:
     # MAGRPO --------------------------------------------------------------------------------
     group_size: int = field(default=4, metadata=_help("G: completions sampled per agent per node."))
     joint_mode: str = field(
-        default="aligned",
+        default="cross",
         metadata=_help(
-            "'aligned': sample g of every agent forms joint action g (G joints); 'cross': "
-            "Cartesian product (G^N joints), a sample credited with the mean over its joints."
+            "'cross' (default): the Cartesian product of the agents' samples (G^N joints), each "
+            "sample credited with the mean over its joints, so one agent's signal is not "
+            "drowned by the others' sampling noise; 'aligned' (the paper's): sample g of every "
+            "agent forms joint action g (G joints)."
         ),
     )
     num_turns: int = field(
@@ -151,9 +158,24 @@ class MAGRPOConfig:
 
     # Sampling ------------------------------------------------------------------------------
     temperature: float = field(default=0.8, metadata=_help("Sampling temperature (training)."))
+    tempered_logprobs: bool = field(
+        default=True,
+        metadata=_help(
+            "Compute the policy's, the old and the reference log-probs at the sampling "
+            "temperature, log softmax(logits / T): the distribution the samples came from, "
+            "as TRL does. Off: at temperature 1, as the authors' library does."
+        ),
+    )
     top_p: float = field(default=0.95, metadata=_help("Nucleus sampling top_p (1.0: off)."))
     top_k: int = field(default=0, metadata=_help("Top-k sampling (0: off)."))
     max_new_tokens: int = field(default=96, metadata=_help("Max tokens per completion."))
+    stop_at_answer_end: bool = field(
+        default=True,
+        metadata=_help(
+            "End each answer where the env says it is complete (its metadata['answer_format'] "
+            "stop strings, e.g. the closing code fence); the stopped text is what is trained."
+        ),
+    )
     eval_temperature: float = field(
         default=0.0, metadata=_help("Sampling temperature in evaluation (0: greedy).")
     )
@@ -370,6 +392,19 @@ class MAGRPOConfig:
 
         if self.advantage not in available_advantages():
             raise bad("advantage", self.advantage, f"one of {', '.join(available_advantages())}")
+        if self.group_size == 1 and self.advantage in GROUP_BASELINES:
+            raise bad(
+                "group_size", self.group_size,
+                f"at least 2 with advantage={self.advantage!r}: its baseline is computed from the "
+                "group, so a group of one has advantage 0 and nothing is learnt (or choose "
+                "advantage='reinforce', which needs no group)",
+            )
+        if self.group_size == 1:
+            warnings.warn(
+                f"group_size=1 with advantage={self.advantage!r}: each sample's advantage is "
+                "computed from its own return alone, with no group baseline.",
+                stacklevel=2,
+            )
         if self.loss_type not in available_losses():
             raise bad("loss_type", self.loss_type, f"one of {', '.join(available_losses())}")
 

@@ -11,7 +11,8 @@ Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W
 - ``reward/mean``, ``reward/std``: joint reward of the first turn's joint actions;
   ``turn{t}/reward/mean|std`` for later turns; ``return/mean``: discounted returns, turn 1.
 - ``reward_parts/<name>`` (``turn{t}/reward_parts/<name>``): mean of each named component.
-- ``completion_length/<agent>``, ``completion_finished_frac/<agent>`` (ended with EOS).
+- ``completion_length/<agent>``, ``completion_finished_frac/<agent>`` (ended with EOS or a
+  stop string) and ``cut_off_frac/<agent>`` (cut at ``max_new_tokens``).
 - ``loss``, ``loss/<agent>``, ``grad_norm/<agent>`` (before clipping), ``kl`` (per token,
   when ``kl_coef`` > 0), ``trained_sequences`` (completions with a non-zero gradient),
   ``zero_variance_group_frac`` (groups whose returns are all equal: no signal).
@@ -158,6 +159,38 @@ def check_text_env(env: Any) -> list[str]:
     return agents
 
 
+def answer_stops(env: Any) -> dict[str, tuple[str, ...]]:
+    """Per agent, the strings after which the env says an answer is complete
+    (``metadata["answer_format"][agent]["stop"]``; none for an env that declares none)."""
+    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
+    return {
+        agent: tuple(str(s) for s in found.get("stop", ()) if s)
+        for agent, found in formats.items()
+        if isinstance(found, dict)
+    }
+
+
+def check_horizon(env: Any, num_turns: int) -> None:
+    """The rollout's horizon and the env's own (``max_turns``, when it declares one) agree.
+
+    More rollout turns than the env allows would never be reached: an error. Fewer is legal
+    (the tree stops early) but is likely a slip, so it is said.
+    """
+    max_turns = getattr(env, "max_turns", None)
+    if not isinstance(max_turns, int) or max_turns == num_turns:
+        return
+    if num_turns > max_turns:
+        raise IncompatibleEnvError(
+            f"num_turns={num_turns}, but the env ends every episode after {max_turns} turn(s): "
+            f"the extra turns would never be reached. Pass --num-turns {max_turns}, or make the "
+            f"env with max_turns={num_turns} (--env-kwargs '{{\"max_turns\": {num_turns}}}')."
+        )
+    logger.warning(
+        "num_turns=%d but the env allows %d turns: rollouts stop after %d turn(s), and the "
+        "env's later turns are never trained.", num_turns, max_turns, num_turns,
+    )
+
+
 class MAGRPOTrainer:
     """Train one policy per agent of ``env`` with MAGRPO (see ``MAGRPOConfig``)."""
 
@@ -176,6 +209,7 @@ class MAGRPOTrainer:
         self.env = env
         self.eval_env = eval_env
         self.agents = check_text_env(env)
+        check_horizon(env, config.num_turns)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -266,11 +300,12 @@ class MAGRPOTrainer:
         )
         self.total_steps = self._total_steps()
         self.loss_fn = get_loss(config.loss_type)
+        stop = answer_stops(env) if config.stop_at_answer_end else {}
         self.train_sampling = SamplingParams(
-            config.max_new_tokens, config.temperature, config.top_p, config.top_k
+            config.max_new_tokens, config.temperature, config.top_p, config.top_k, stop
         )
         self.eval_sampling = SamplingParams(
-            config.max_new_tokens, config.eval_temperature, config.top_p, config.top_k
+            config.max_new_tokens, config.eval_temperature, config.top_p, config.top_k, stop
         )
         self.executor = ThreadPoolExecutor(max_workers=config.env_workers)
         self.output_dir = Path(config.output_dir)
@@ -469,6 +504,8 @@ class MAGRPOTrainer:
             for agent in self.agents
         }
         use_kl = config.kl_coef > 0
+        # log-probs of the distribution the samples came from: softmax(logits / T)
+        temperature = config.temperature if config.tempered_logprobs else 1.0
         # Without a KL term a zero advantage contributes exactly zero gradient: skip it.
         active = samples if use_kl else [s for s in samples if s.advantage != 0.0]
         models = self._micro_batches(active)
@@ -483,12 +520,15 @@ class MAGRPOTrainer:
                 for b, batch in enumerate(batches):
                     key = (m, b)
                     self._between_phases()
-                    current = self.policies.logprobs([s.completion for s in batch])
+                    current = self.policies.logprobs(
+                        [s.completion for s in batch], temperature=temperature
+                    )
                     if epoch == 0:
                         old_logprobs[key] = current.logprobs.detach()
                         if use_kl:
                             ref_logprobs[key] = self.policies.logprobs(
-                                [s.completion for s in batch], reference=True
+                                [s.completion for s in batch], reference=True,
+                                temperature=temperature,
                             ).logprobs
                     advantages = torch.tensor(
                         [s.advantage for s in batch], device=current.logprobs.device
@@ -588,6 +628,7 @@ class MAGRPOTrainer:
         for agent, total in self._agent_totals(samples).items():
             metrics[f"completion_length/{agent}"] = total.tokens / max(total.sequences, 1)
             metrics[f"completion_finished_frac/{agent}"] = total.finished / max(total.sequences, 1)
+            metrics[f"cut_off_frac/{agent}"] = 1.0 - metrics[f"completion_finished_frac/{agent}"]
         return metrics
 
     def _agent_totals(self, samples: list[TrainSample]) -> dict[str, AgentTotals]:

@@ -152,11 +152,17 @@ class VLLMSampler:
         # one is generated and copied (the HF sampler computes them all, to the same result).
         n = 1 if greedy else num_samples
         settings = _sampling_settings(params, n, self.backend.eos_ids)
-        if seeds is None or greedy:
+        stops = [list(params.stop.get(agent, ())) for agent, _ in requests]
+        if (seeds is None or greedy) and not any(stops):
             sampling: Any = self._api.SamplingParams(**settings)
-        else:
+        else:  # one per request: its own seed, its agent's stop strings
             sampling = [
-                self._api.SamplingParams(**settings, seed=_vllm_seed(seed, n)) for seed in seeds
+                self._api.SamplingParams(
+                    **settings,
+                    **({} if seeds is None or greedy else {"seed": _vllm_seed(seed, n)}),
+                    **({"stop": stop, "include_stop_str_in_output": True} if stop else {}),
+                )
+                for seed, stop in zip(seeds or [0] * len(requests), stops, strict=True)
             ]
         prompts = [self.policies.encode_prompt(agent, text) for agent, text in requests]
         outputs = self.llm.generate(
@@ -184,6 +190,7 @@ class VLLMSampler:
                     self.backend.eos_ids,
                     tokenizer,
                     primary_eos,
+                    params.stop.get(agent, ()),
                 )
                 for sample in samples
             ]
@@ -262,6 +269,7 @@ def completion_from_vllm(
     eos_ids: Sequence[int],
     tokenizer: Any,
     primary_eos: int | None = None,
+    stop: Sequence[str] = (),
 ) -> Completion:
     """One vLLM ``CompletionOutput`` in our convention: ids up to and including the first EOS.
 
@@ -280,7 +288,7 @@ def completion_from_vllm(
             fallback = primary_eos if primary_eos in eos else min(eos_ids, default=None)
             if fallback is not None:
                 ids.append(fallback)
-    return completion_from_ids(agent, prompt_ids, ids, eos_ids, tokenizer)
+    return completion_from_ids(agent, prompt_ids, ids, eos_ids, tokenizer, stop)
 
 
 def _sampling_settings(params: SamplingParams, n: int, eos_ids: Sequence[int]) -> dict[str, Any]:

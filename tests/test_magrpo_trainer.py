@@ -323,7 +323,7 @@ def test_agent_devices_place_separate_models(tmp_path, tiny_model_path):  # noqa
     devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cpu", "cpu"]
     config = make_config(
         tmp_path / "devices", tiny_model_path, finetune="full", agent_devices=devices,
-        max_steps=1, eval_interval=0, group_size=2,
+        max_steps=1, eval_interval=0, group_size=2, joint_mode="aligned",
     )  # fmt: skip
     trainer, result = run(config)
     assert result.steps == 1

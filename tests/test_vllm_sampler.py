@@ -132,6 +132,8 @@ class FakeSamplingParams:
         seed=None,
         max_tokens=16,
         stop_token_ids=None,
+        stop=None,
+        include_stop_str_in_output=False,
     ):
         if temperature < 1e-5 and n > 1:
             raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
