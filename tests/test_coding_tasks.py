@@ -150,3 +150,20 @@ def test_aux_usage_patterns():
     assert usage("def f(x):\n    _ = aux(x)\n    return x").ignores_result  # stored, never read
     assert not usage("def f(x):\n    y = aux(x)\n    return x + y").ignores_result
     assert not usage("def f(x):\n    return x").calls_aux
+
+
+def test_code_region_pairs_fences_and_keeps_code_before_an_unopened_fence():
+    from llm_marl_envs.rewards.code_analysis import code_region
+
+    assert code_region("Here:\n```python\ndef f():\n    return 1\n```\nDone.") == (
+        "def f():\n    return 1"
+    )
+    # began inside the block: the code is before the lone fence, prose after it
+    assert code_region("def f():\n    return 1\n```\nThis returns one.") == (
+        "def f():\n    return 1"
+    )
+    # a block left open runs to the end
+    assert code_region("Sure.\n```python\ndef f():\n    return 1") == "def f():\n    return 1"
+    two = code_region("```python\nimport os\n```\ntext\n```\ndef g():\n    pass\n```")
+    assert two == "import os\ndef g():\n    pass"
+    assert code_region("def f():\n    return 1\n") == "def f():\n    return 1\n"

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from llm_marl_envs.sandbox.checks import parse_python
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
+_FENCE_LINE = re.compile(r"^[ \t]*```.*$", re.M)
+_CODE_LINE = re.compile(r"^(?:async\s+def |def |class |import |from \S+ import |@)", re.M)
 
 
 def _parse(source: str) -> ast.Module | None:
@@ -26,9 +27,20 @@ def _parse(source: str) -> ast.Module | None:
 
 
 def code_region(text: str) -> str:
-    """The code of an answer: its fenced blocks if it has any, else the whole text."""
-    blocks = [block for block in _FENCE.findall(text) if block.strip()]
-    return textwrap.dedent("\n".join(blocks) if blocks else text)
+    """The code of an answer: its fenced blocks if it has any, else the whole text.
+
+    Fences pair up in order, and a block left open runs to the end. An answer that starts
+    with code and closes a fence it never opened (a model that began inside the block) has
+    its text before that fence as its first block, not the prose after it.
+    """
+    fences = list(_FENCE_LINE.finditer(text))
+    if not fences:
+        return textwrap.dedent(text)
+    cuts = [0, *(point for fence in fences for point in (fence.start(), fence.end())), len(text)]
+    pieces = [text[start:end] for start, end in zip(cuts[::2], cuts[1::2], strict=True)]
+    opened_before = len(fences) % 2 == 1 and _CODE_LINE.search(pieces[0]) is not None
+    blocks = [block for block in pieces[0 if opened_before else 1 :: 2] if block.strip()]
+    return textwrap.dedent("\n".join(block.strip("\n") for block in blocks))
 
 
 _KEPT_STATEMENT = re.compile(r"(async\s+def |def |class |@|import |from \S+ import )")
