@@ -168,7 +168,13 @@ class MAGRPOConfig:
     )
     top_p: float = field(default=0.95, metadata=_help("Nucleus sampling top_p (1.0: off)."))
     top_k: int = field(default=0, metadata=_help("Top-k sampling (0: off)."))
-    max_new_tokens: int = field(default=96, metadata=_help("Max tokens per completion."))
+    max_new_tokens: int = field(
+        default=256,
+        metadata=_help(
+            "Max tokens per completion (answers usually end earlier, at EOS or at the env's "
+            "stop strings)."
+        ),
+    )
     stop_at_answer_end: bool = field(
         default=True,
         metadata=_help(

@@ -41,14 +41,14 @@ CONTRACT = (
     "helps compute the answer, such as an intermediate result or a check."
 )
 AUX_INSTRUCTIONS = (
-    "You are the helper in a team of two Python programmers. Your teammate writes the "
-    "function `{entry_point}{signature}`. You write a helper function that your teammate "
-    "will call.\n\n"
-    "The problem your team solves:\n{context}{docstring}\n\n"
+    "You are the helper in a team of two Python programmers. Your teammate solves the "
+    "problem below; you write a helper function named `{helper}` that your teammate will "
+    "call.\n\n"
+    "The problem:\n{context}{docstring}\n\n"
     "The contract: {contract} Your teammate calls `{helper}({call})` without seeing your "
     "code.\n\n"
-    "Write only the function `{helper}` (with any imports it needs) as one Python code "
-    "block, in this form:\n"
+    "Answer with only the code of `{helper}` (and any imports it needs), no explanation, "
+    "by completing this skeleton:\n"
     "```python\ndef {helper}({parameters}):\n    ...\n    return result\n```"
 )
 MAIN_INSTRUCTIONS = (
@@ -160,7 +160,6 @@ class CodingTask(Task):
             "aux": AUX_INSTRUCTIONS.format(
                 **fields,
                 contract=contract,
-                signature=text.signature,
                 parameters=text.parameters,
                 docstring=text.docstring,
                 context=context,
