@@ -25,7 +25,7 @@ def test_cli_trains_smollm2_on_coophumaneval_and_resumes(tmp_path):
     flags = [
         "--env", "coophumaneval", "--data", str(SHARED), "--max-new-tokens", "16",
         "--group-size", "2", "--eval-interval", "2", "--eval-size", "1", "--save-interval", "1",
-        "--output-dir", str(tmp_path), "--no-progress-bar", "--dtype", "bfloat16",
+        "--output-dir", str(tmp_path), "--no-progress-bar",
     ]  # fmt: skip
     assert main([*flags, "--max-steps", "1"]) == 0
     assert main([*flags, "--max-steps", "2", "--resume"]) == 0
@@ -51,7 +51,7 @@ def test_cli_trains_smollm2_on_tldr_sample_data(tmp_path):
     flags = [
         "--env", "tldr", "--data", str(data), "--max-new-tokens", "16", "--group-size", "2",
         "--max-steps", "2", "--eval-interval", "2", "--eval-size", "2", "--save-interval", "1",
-        "--output-dir", str(tmp_path), "--no-progress-bar", "--dtype", "bfloat16",
+        "--output-dir", str(tmp_path), "--no-progress-bar",
     ]  # fmt: skip
     assert main(flags) == 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -500,12 +500,11 @@ def test_real_gguf_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
 
-    # A second call is a cache hit: no conversion, well under a second.
+    # A second call is a cache hit: no conversion.
     _forbid(monkeypatch, models, "_convert_into")
     start = time.perf_counter()
     assert resolve_model(DEFAULT_MODEL, cache_dir=cache) == str(folder)
     hit_seconds = time.perf_counter() - start
-    assert hit_seconds < 1.0
 
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder)

@@ -376,12 +376,11 @@ def test_namespaces_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 HONEST_HELPER = "def aux(a, b):\n    return a + b\n"
 CALLS_HELPER = "def add(a, b):\n    return aux(a, b)\n"
-HELPER_CASES = [  # a cheating main in the strongest mode; a cheating helper in every mode
-    pytest.param(mode, role, name, id=f"{name}-as-{role}-{mode}")
-    for mode in MODES
+HELPER_CASES = [  # in the strongest mode: the helper's worker is started like main's, which
+    # test_hostile_program runs in every mode
+    pytest.param(MODES[-1], role, name, id=f"{name}-as-{role}-{MODES[-1]}")
     for role in ("main", "helper")
     for name in sorted(CHEATS)
-    if role == "helper" or mode == MODES[-1]
 ]
 
 
