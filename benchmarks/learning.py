@@ -1,0 +1,257 @@
+"""Does MAGRPO training improve the agents? Train, then score every checkpoint on held-out data.
+
+    python benchmarks/learning.py coophumaneval \\
+        --data ../shared/data/coophumaneval/coophumaneval.json --steps 100 --eval-every 25
+    python benchmarks/learning.py tldr --data examples/data/tldr_synthetic \\
+        --steps 100 --eval-every 25
+
+1. **Train** with the trainer's own command, ``python -m magrpo.train``, on the env's train
+   split (its defaults, i.e. ``configs/cpu.yaml``, plus ``--steps`` and ``--train-args``),
+   saving a checkpoint every ``--eval-every`` steps. It resumes when the run was killed.
+2. **Evaluate** step 0 (fresh adapters: the untrained model) and every checkpoint on the whole
+   held-out split (the env's evaluation split; never seen in training, never used to choose
+   a setting). Each agent answers every problem ``--samples`` times, sampled with the run's
+   own sampling settings (temperature, top_p, max_new_tokens, stop strings); answer g of every
+   agent forms joint action g, which the env scores. The seeds depend on (problem, agent) only,
+   so every checkpoint is evaluated with the same random numbers, which lowers the noise of
+   the before/after difference.
+3. **Report** every metric as the mean over problems of the per-problem mean, with its
+   standard error over problems (the problems are the independent units; the samples of one
+   problem are not), and the paired difference to step 0 with its standard error. Writes
+   ``benchmarks/results/learning_<env>.json`` (the command, the git commit, the machine, every
+   sampled answer) and a PNG of the curves (``--plot``).
+
+Metrics: ``joint reward`` (the env's, averaged over agents), ``cut off`` (share of answers
+that hit ``max_new_tokens``) and the env's reward parts; for coding envs also ``helper defines
+aux``, ``pass rate`` (every assert passes) and ``cooperation`` (the helper's ``aux`` ran
+during at least one passing assert, i.e. the cooperation bonus was paid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from untrained_coding_answers import git_commit, mean
+
+import llm_marl_envs
+from magrpo.agents import SamplingParams, load_policies
+from magrpo.checkpoint import list_checkpoints, load_checkpoint
+from magrpo.config import MAGRPOConfig
+from magrpo.models import resolve_model
+from magrpo.rollout import derive_seed
+from magrpo.trainer import answer_stops
+
+REPO = Path(__file__).resolve().parent.parent
+PROBLEMS_PER_CALL = 8  # problems per Policies.sample call (x agents x samples rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("env", help="env id, e.g. coophumaneval or tldr")
+    p.add_argument("--data", help="local data file/folder or Hub id (default: the env's)")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--eval-split", help="held-out split (default: the env's evaluation split)")
+    p.add_argument("--steps", type=int, default=100, help="training steps")
+    p.add_argument("--eval-every", type=int, default=25, help="steps between evaluations")
+    p.add_argument("--samples", type=int, default=4, help="sampled answers per problem")
+    p.add_argument("--limit", type=int, help="evaluate only the first N held-out problems")
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed")
+    p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument(
+        "--train-args", default="", help="extra magrpo.train arguments, e.g. '--learning-rate 2e-4'"
+    )
+    p.add_argument("--run-dir", type=Path, help="default: runs/learning/<env>")
+    p.add_argument("--out", type=Path, help="default: benchmarks/results/learning_<env>.json")
+    p.add_argument("--plot", type=Path, help="PNG of the curves (default: none)")
+    return p.parse_args(argv)
+
+
+def train(args: argparse.Namespace, run_dir: Path) -> None:
+    command = [
+        sys.executable, "-m", "magrpo.train", "--env", args.env,
+        "--train-split", args.train_split, "--max-steps", str(args.steps),
+        "--save-interval", str(args.eval_every), "--save-total-limit", "0",
+        "--eval-interval", "0", "--torch-threads", str(args.torch_threads),
+        "--output-dir", str(run_dir), "--resume", "--no-progress-bar",
+        *(["--data", args.data] if args.data else []),
+        *shlex.split(args.train_args),
+    ]  # fmt: skip
+    print("$ " + shlex.join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def checkpoints_to_evaluate(run_dir: Path, steps: int, every: int) -> dict[int, Path | None]:
+    """Step 0 (no checkpoint: fresh adapters) and the checkpoint of every ``every`` steps."""
+    found = {int(path.name.removeprefix("step-")): path for path in list_checkpoints(run_dir)}
+    wanted = [0, *range(every, steps + 1, every), steps]
+    missing = [step for step in wanted if step and step not in found]
+    if missing:
+        raise SystemExit(f"{run_dir} has no checkpoint for steps {missing}: train first.")
+    return {step: found.get(step) for step in dict.fromkeys(wanted)}
+
+
+def coding_facts(infos: dict) -> dict[str, float]:
+    total = infos.get("tests_total", 0)
+    return {
+        "helper defines aux": float(bool(infos.get("aux_defined"))),
+        "pass rate": float(bool(total) and infos.get("tests_passed", 0) == total),
+        "cooperation": float(infos.get("aux_ran_in_passing_tests", 0) > 0),
+    }
+
+
+def evaluate(policies, env, params: SamplingParams, args) -> tuple[dict, list]:
+    """Score ``args.samples`` joint answers per held-out problem; per-problem metric means."""
+    agents = list(env.possible_agents)
+    problems = list(range(env.num_items))[: args.limit]
+    per_problem: dict[str, list[float]] = {}
+    records = []
+    for start in range(0, len(problems), PROBLEMS_PER_CALL):
+        chunk = problems[start : start + PROBLEMS_PER_CALL]
+        roots, requests, seeds = {}, [], []
+        for i in chunk:
+            observations, _ = env.reset(seed=args.seed, options={"index": i})
+            roots[i] = copy.deepcopy(env)
+            requests += [(agent, observations[agent]) for agent in agents]
+            seeds += [derive_seed(args.seed, i, k) for k in range(len(agents))]
+        groups = iter(policies.sample(requests, args.samples, params, seeds))
+        answers = {i: {agent: next(groups) for agent in agents} for i in chunk}
+        for i in chunk:
+            values: dict[str, list[float]] = {}
+            for g in range(args.samples):
+                texts = {agent: answers[i][agent][g].text for agent in agents}
+                _, rewards, _, _, infos = copy.deepcopy(roots[i]).step(texts)
+                info = infos[agents[0]]
+                row = {"joint reward": sum(rewards.values()) / len(rewards)}
+                row["cut off"] = sum(not answers[i][a][g].finished for a in agents) / len(agents)
+                if "tests_total" in info:
+                    row.update(coding_facts(info))
+                row.update({f"part {k}": v for k, v in info.get("reward_parts", {}).items()})
+                for name, value in row.items():
+                    values.setdefault(name, []).append(value)
+                records.append({"problem": i, "sample": g, "texts": texts, **row})
+            for name, vals in values.items():
+                per_problem.setdefault(name, []).append(sum(vals) / len(vals))
+        print(f"  evaluated {start + len(chunk)}/{len(problems)} problems", flush=True)
+    return per_problem, records
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in result["metrics"] if not n.startswith("part ") and n != "cut off"]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
+    steps = [int(s) for s in result["steps"]]
+    for ax, name in zip(axes[0], names, strict=True):
+        rows = [result["steps"][str(s)][name] for s in steps]
+        ax.errorbar(steps, [r["value"] for r in rows], yerr=[r["se"] for r in rows], marker="o",
+                    capsize=3)  # fmt: skip
+        ax.set_title(name)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"{result['env']}: held-out, {result['samples']} sampled answers per problem "
+        f"(mean ± SE over {result['problems']} problems)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    env_name = llm_marl_envs.resolve_env_id(args.env)
+    run_dir = args.run_dir or REPO / "runs" / "learning" / env_name
+    out = args.out or REPO / "benchmarks" / "results" / f"learning_{env_name.split('-')[0]}.json"
+    started = time.perf_counter()
+    train(args, run_dir)
+    trained = time.perf_counter()
+
+    config = MAGRPOConfig(**json.loads((run_dir / "config.json").read_text()))
+    eval_split = args.eval_split or llm_marl_envs.default_eval_split(env_name)
+    env = llm_marl_envs.make(config.env, data=args.data, split=eval_split)
+    agents = list(env.possible_agents)
+    model = resolve_model(config.model)
+    policies = load_policies(
+        agents, [model] * len(agents), finetune=config.finetune, lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha, lora_target_modules=config.lora_target_modules,
+        dtype=config.dtype, use_chat_template=config.use_chat_template,
+    )  # fmt: skip
+    fresh = {a: {n: p.detach().clone() for n, p in policies.named_trainable_parameters(a).items()}
+             for a in agents}  # fmt: skip
+    stop = answer_stops(env) if config.stop_at_answer_end else {}
+    params = SamplingParams(
+        config.max_new_tokens, config.temperature, config.top_p, config.top_k, stop
+    )
+    results, samples, seconds = {}, {}, {}
+    for step, path in checkpoints_to_evaluate(run_dir, args.steps, args.eval_every).items():
+        weights = fresh if path is None else load_checkpoint(path)["weights"]
+        with torch.no_grad():
+            for agent in agents:
+                for name, param in policies.named_trainable_parameters(agent).items():
+                    param.copy_(weights[agent][name])
+        print(f"step {step}: evaluating", flush=True)
+        t0 = time.perf_counter()
+        results[step], samples[step] = evaluate(policies, env, params, args)
+        seconds[f"eval step {step}"] = time.perf_counter() - t0
+
+    before = results[0]
+    table = {}
+    for step, per_problem in results.items():
+        table[str(step)] = {}
+        for name, values in per_problem.items():
+            row = mean(values)
+            diffs = [a - b for a, b in zip(values, before[name], strict=True)]
+            row["change"] = mean(diffs)
+            table[str(step)][name] = row
+    last = table[str(args.steps)]
+    print(f"\n{env_name}: held-out {eval_split}, {args.samples} samples per problem\n")
+    print(f"| metric | step 0 | step {args.steps} | change |\n| --- | ---: | ---: | ---: |")
+    for name, row in last.items():
+        first = table["0"][name]
+        print(
+            f"| {name} | {first['value']:.3f} ± {first['se']:.3f} | {row['value']:.3f} ± "
+            f"{row['se']:.3f} | {row['change']['value']:+.3f} ± {row['change']['se']:.3f} |"
+        )
+    seconds.update(train=trained - started, total=time.perf_counter() - started)
+    result = {
+        "env": env_name,
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "code": git_commit(REPO),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": args.torch_threads},
+        "train_config": config.to_dict(),
+        "eval_split": eval_split,
+        "problems": len(next(iter(before.values()))),
+        "samples": args.samples,
+        "sampling": {**vars(params), "stop": {a: list(s) for a, s in stop.items()}},
+        "seconds": seconds,
+        "metrics": list(last),
+        "steps": table,
+        "answers": {str(step): records for step, records in samples.items()},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    if args.plot:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
