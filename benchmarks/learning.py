@@ -151,12 +151,19 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in result["metrics"] if not n.startswith("part ") and n != "cut off"]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
+    names = [n for n in result["metrics"] if not n.startswith("part ")]
+    if len(names) < 3:  # a task without metrics of its own: show its reward parts instead
+        names = result["metrics"]
+    rows = -(-len(names) // 5)
+    columns = -(-len(names) // rows)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.0 * rows + 0.4),
+                             squeeze=False)  # fmt: skip
+    for ax in axes.flat[len(names) :]:
+        ax.set_visible(False)
     steps = [int(s) for s in result["steps"]]
-    for ax, name in zip(axes[0], names, strict=True):
-        rows = [result["steps"][str(s)][name] for s in steps]
-        ax.errorbar(steps, [r["value"] for r in rows], yerr=[r["se"] for r in rows], marker="o",
+    for ax, name in zip(axes.flat, names, strict=False):  # more axes than names: hidden
+        points = [result["steps"][str(s)][name] for s in steps]
+        ax.errorbar(steps, [p["value"] for p in points], yerr=[p["se"] for p in points], marker="o",
                     capsize=3)  # fmt: skip
         ax.set_title(name)
         ax.set_xlabel("training step")
