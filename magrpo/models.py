@@ -25,7 +25,7 @@ Transformers v5 loads a checkpoint in its stored dtype by default, so a bf16 cop
 silently switch every default load to bf16. Callers who want bf16 pass ``dtype=torch.bfloat16``
 to ``from_pretrained``; the cost of float32 is disk (517 MB instead of 257 MB).
 
-Heavy imports (torch, transformers) happen only when a conversion or a tokenizer load needs them,
+Heavy imports (torch, transformers) happen only when a conversion needs them,
 so resolving a path stays cheap.
 """
 
@@ -42,10 +42,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from typing import Any
 
 try:  # POSIX only; on other systems concurrent conversions are simply not serialised.
     import fcntl
@@ -61,7 +58,6 @@ __all__ = [
     "convert_gguf",
     "default_cache_dir",
     "find_bundled_gguf",
-    "load_tokenizer",
     "resolve_model",
 ]
 
@@ -239,32 +235,6 @@ def convert_gguf(gguf_file: str | os.PathLike[str], target: str | os.PathLike[st
             raise
         logger.info("Converted in %.1f s", time.perf_counter() - start)
     return target_path
-
-
-def load_tokenizer(
-    path: str | os.PathLike[str], *, padding_side: str = "left"
-) -> PreTrainedTokenizerBase:
-    """Load a tokenizer ready for batched generation: a pad token set, left padding.
-
-    Left padding keeps every prompt's last token at the end of the row, which decoder-only
-    generation needs. If the tokenizer has no pad token, its EOS token is used.
-
-    Beware: for SmolLM2 the pad token already *is* the EOS token ``<|im_end|>``, and that token
-    also closes every turn inside a chat-templated prompt. So never locate the end of a prompt or
-    a completion by searching for the pad id: use sequence lengths and attention masks.
-    """
-    from transformers import AutoTokenizer
-
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(os.fspath(path))
-    tokenizer.padding_side = padding_side
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(
-                f"The tokenizer in {path} has neither a pad nor an EOS token; set "
-                "tokenizer.pad_token explicitly before batching."
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 # --------------------------------------------------------------------------------------------

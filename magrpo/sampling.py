@@ -1,4 +1,4 @@
-"""Fast exact temperature / top-k / top-p sampling (our decode loop, or ``generate``).
+"""Fast exact temperature / top-k / top-p sampling for our decode loop.
 
 Hugging Face's top-p warper sorts the whole vocabulary at every step and then draws with
 ``torch.multinomial`` over it: with SmolLM2's 49k-token vocabulary that is ~45 ms per step
@@ -6,9 +6,7 @@ for 8 rows on one CPU core, a third of a decode step. ``sample_tokens`` gets the
 distribution from partial sorts: the 64 (else 1024) most likely tokens (``topk``: 0.3 and
 1.8 ms for 8 rows) hold the whole nucleus whenever their mass reaches ``top_p`` (rows where
 neither does fall back to a full sort), and the draw is a Gumbel-max over the kept
-candidates. ``SamplingProcessor`` wraps it for ``generate``: it returns scores that are
-finite only at the drawn token, so ``generate`` runs in greedy mode and its argmax picks the
-sample.
+candidates.
 
 Randomness comes from torch's global generator, or from one ``torch.Generator`` per row: a row
 then draws the same tokens whatever else shares its batch, which makes a run independent of
@@ -23,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import LogitsProcessor
 
 from magrpo.numerics import logsumexp, shifted_exp
 
@@ -103,23 +100,3 @@ def sample_tokens(
             break
     return tokens
 
-
-class SamplingProcessor(LogitsProcessor):
-    """``generate`` logits processor: draws the token itself (use with ``do_sample=False``)."""
-
-    def __init__(
-        self,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        generators: Generators = None,
-    ):
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
-        self.generators = generators
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        tokens = sample_tokens(scores, self.temperature, self.top_p, self.top_k, self.generators)
-        chosen = torch.full_like(scores, float("-inf"))
-        return chosen.scatter_(-1, tokens, 0.0)

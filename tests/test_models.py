@@ -31,7 +31,6 @@ from magrpo.models import (
     DEFAULT_MODEL,
     GGUF_INSTALL_COMMAND,
     ModelNotFoundError,
-    load_tokenizer,
     resolve_model,
 )
 
@@ -181,14 +180,14 @@ def _fake_snapshot_download(online: Any) -> Any:
 
 
 def test_existing_folder_is_returned_and_loads(tiny_model_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_model(str(tiny_model_dir))
     assert resolved == str(tiny_model_dir.resolve())
     assert resolve_model(tiny_model_dir) == resolved  # os.PathLike works too
     model = AutoModelForCausalLM.from_pretrained(resolved)
     assert model.config.num_hidden_layers == 2
-    assert load_tokenizer(resolved).pad_token == "<|im_end|>"
+    assert AutoTokenizer.from_pretrained(resolved).eos_token == "<|im_end|>"
 
 
 def test_relative_and_home_folders_resolve_to_absolute_paths(
@@ -454,17 +453,6 @@ def test_find_bundled_gguf_matches_the_installed_package(monkeypatch: pytest.Mon
     assert models.find_bundled_gguf() is None
 
 
-def test_load_tokenizer_sets_pad_and_left_padding(tiny_model_dir: Path, tmp_path: Path) -> None:
-    tokenizer = load_tokenizer(tiny_model_dir)  # saved without a pad token
-    assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
-    assert tokenizer.padding_side == "left"
-    batch = tokenizer(["hello", "hello world, hello agents"], padding=True, return_tensors="pt")
-    assert batch["attention_mask"][0, 0] == 0 and batch["attention_mask"][0, -1] == 1
-
-    _build_tiny_tokenizer(tmp_path / "with-pad", pad_token="<|endoftext|>")
-    assert load_tokenizer(tmp_path / "with-pad").pad_token == "<|endoftext|>"  # kept as is
-
-
 def test_error_type() -> None:
     error = ModelNotFoundError("x", ["here", "there"], ["do a", "do b"])
     assert isinstance(error, RuntimeError)
@@ -508,7 +496,7 @@ def test_real_gguf_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     load_seconds = time.perf_counter() - start
     assert model.dtype == torch.float32
     assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
