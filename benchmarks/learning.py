@@ -41,18 +41,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from untrained_coding_answers import git_commit, mean
+from untrained_coding_answers import git_commit, mean, sample_problems
 
 import llm_marl_envs
 from magrpo.agents import SamplingParams, load_policies
 from magrpo.checkpoint import list_checkpoints, load_checkpoint
 from magrpo.config import MAGRPOConfig
 from magrpo.models import resolve_model
-from magrpo.rollout import derive_seed
 from magrpo.trainer import answer_stops
 
 REPO = Path(__file__).resolve().parent.parent
-PROBLEMS_PER_CALL = 8  # problems per Policies.sample call (x agents x samples rows)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,33 +113,23 @@ def evaluate(policies, env, params: SamplingParams, args) -> tuple[dict, list]:
     problems = list(range(env.num_items))[: args.limit]
     per_problem: dict[str, list[float]] = {}
     records = []
-    for start in range(0, len(problems), PROBLEMS_PER_CALL):
-        chunk = problems[start : start + PROBLEMS_PER_CALL]
-        roots, requests, seeds = {}, [], []
-        for i in chunk:
-            observations, _ = env.reset(seed=args.seed, options={"index": i})
-            roots[i] = copy.deepcopy(env)
-            requests += [(agent, observations[agent]) for agent in agents]
-            seeds += [derive_seed(args.seed, i, k) for k in range(len(agents))]
-        groups = iter(policies.sample(requests, args.samples, params, seeds))
-        answers = {i: {agent: next(groups) for agent in agents} for i in chunk}
-        for i in chunk:
-            values: dict[str, list[float]] = {}
-            for g in range(args.samples):
-                texts = {agent: answers[i][agent][g].text for agent in agents}
-                _, rewards, _, _, infos = copy.deepcopy(roots[i]).step(texts)
-                info = infos[agents[0]]
-                row = {"joint reward": sum(rewards.values()) / len(rewards)}
-                row["cut off"] = sum(not answers[i][a][g].finished for a in agents) / len(agents)
-                if "tests_total" in info:
-                    row.update(coding_facts(info))
-                row.update({f"part {k}": v for k, v in info.get("reward_parts", {}).items()})
-                for name, value in row.items():
-                    values.setdefault(name, []).append(value)
-                records.append({"problem": i, "sample": g, "texts": texts, **row})
-            for name, vals in values.items():
-                per_problem.setdefault(name, []).append(sum(vals) / len(vals))
-        print(f"  evaluated {start + len(chunk)}/{len(problems)} problems", flush=True)
+    roots, answers = sample_problems(policies, env, problems, params, args.samples, args.seed)
+    for i in problems:
+        values: dict[str, list[float]] = {}
+        for g in range(args.samples):
+            texts = {agent: answers[i][agent][g].text for agent in agents}
+            _, rewards, _, _, infos = copy.deepcopy(roots[i]).step(texts)
+            info = infos[agents[0]]
+            row = {"joint reward": sum(rewards.values()) / len(rewards)}
+            row["cut off"] = sum(not answers[i][a][g].finished for a in agents) / len(agents)
+            if "tests_total" in info:
+                row.update(coding_facts(info))
+            row.update({f"part {k}": v for k, v in info.get("reward_parts", {}).items()})
+            for name, value in row.items():
+                values.setdefault(name, []).append(value)
+            records.append({"problem": i, "sample": g, "texts": texts, **row})
+        for name, vals in values.items():
+            per_problem.setdefault(name, []).append(sum(vals) / len(vals))
     return per_problem, records
 
 

@@ -85,6 +85,29 @@ def mean(values: list[float]) -> dict[str, float]:
     return {"value": m, "se": math.sqrt(var / n), "n": n}
 
 
+def sample_problems(policies, env, indices, params, samples: int, seed: int):
+    """Reset ``env`` on each problem and sample ``samples`` answers per agent. Each
+    (problem, agent) draws from its own seed, so the answers do not depend on the batching.
+
+    Returns (index -> the env right after reset, index -> {agent: [Completion] * samples}).
+    """
+    agents = list(env.possible_agents)
+    roots, answers = {}, {}
+    for start in range(0, len(indices), PROBLEMS_PER_CALL):
+        chunk = indices[start : start + PROBLEMS_PER_CALL]
+        requests, seeds = [], []
+        for i in chunk:
+            observations, _ = env.reset(seed=seed, options={"index": i})
+            roots[i] = copy.deepcopy(env)
+            requests += [(agent, observations[agent]) for agent in agents]
+            seeds += [derive_seed(seed, i, k) for k in range(len(agents))]
+        groups = iter(policies.sample(requests, samples, params, seeds))
+        for i in chunk:
+            answers[i] = {agent: next(groups) for agent in agents}
+        print(f"  sampled {start + len(chunk)}/{len(indices)} problems", flush=True)
+    return roots, answers
+
+
 def git_commit(path: Path) -> dict[str, object]:
     def git(*args: str) -> str:
         run = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True)
@@ -134,20 +157,7 @@ def main(argv=None) -> int:
     )
     loaded = time.perf_counter()
 
-    roots = {}  # index -> env right after reset
-    answers = {}  # index -> {agent: [Completion] * samples}
-    for start in range(0, len(indices), PROBLEMS_PER_CALL):
-        chunk = indices[start : start + PROBLEMS_PER_CALL]
-        requests, seeds = [], []
-        for i in chunk:
-            observations, _ = env.reset(seed=args.seed, options={"index": i})
-            roots[i] = copy.deepcopy(env)
-            requests += [(agent, observations[agent]) for agent in agents]
-            seeds += [derive_seed(args.seed, i, k) for k in range(len(agents))]
-        groups = iter(policies.sample(requests, args.samples, params, seeds))
-        for i in chunk:
-            answers[i] = {agent: next(groups) for agent in agents}
-        print(f"sampled {start + len(chunk)}/{len(indices)} problems", flush=True)
+    roots, answers = sample_problems(policies, env, indices, params, args.samples, args.seed)
     sampled = time.perf_counter()
 
     flags = {"defines_aux": [], "aux_returns": [], "main_returns": [], "calls_aux": []}
