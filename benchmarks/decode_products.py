@@ -4,13 +4,13 @@
     .venv/bin/python benchmarks/decode_products.py --rows 4 8 --threads 2 --repeats 9
 
 One "step" multiplies ``rows`` input rows by every weight of a SmolLM2-135M-shaped model
-once, as the fused decode step does (``magrpo/llama_decode.py``): per layer q/k/v fused
+once, as the fused decode step does (``magrpo/speedups/llama_decode.py``): per layer q/k/v fused
 (576 -> 960), o (576 -> 576), gate/up fused (576 -> 3072) and down (1536 -> 576), for 30
 layers, then the output layer (576 -> 49152): 538 MB of float32 weights, far more than the
 caches hold, so every step streams them from memory, as decoding does. (A benchmark that
 repeats one weight measures the caches instead: ``linear_kernels.py``.) Kernels:
 
-- ``blocked``: ``magrpo.blocked_products.BlockedProduct`` (weights blocked once);
+- ``blocked``: ``magrpo.speedups.blocked_matmul.BlockedMatmul`` (weights blocked once);
 - ``oneDNN``: ``torch.ops.mkldnn._linear_pointwise`` on weights packed once for ``rows``.
 
 The two alternate within each repeat (one warm-up first), in one process. Prints a
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from magrpo.blocked_products import BlockedProduct, library
+from magrpo.speedups.blocked_matmul import BlockedMatmul, library
 
 LAYERS = 30
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * LAYERS + [(49152, 576)]
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     weights = [torch.randn(n, k) * 0.02 for n, k in SHAPES]
     gigabytes = sum(w.numel() for w in weights) * 4 / 1e9
-    blocked = [BlockedProduct([w]) for w in weights]
+    blocked = [BlockedMatmul([w]) for w in weights]
     print("| threads | rows | blocked ms | GB/s | oneDNN ms | GB/s | oneDNN / blocked |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for threads in args.threads:

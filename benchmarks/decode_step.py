@@ -1,4 +1,4 @@
-"""Sampling with the fused decode step (``magrpo/llama_decode.py``) against transformers'
+"""Sampling with the fused decode step (``magrpo/speedups/llama_decode.py``) against transformers'
 forward, in ``Policies.sample``, on CPU.
 
     .venv/bin/python benchmarks/decode_step.py                      # SmolLM2-135M (Llama)
@@ -16,15 +16,16 @@ call each. ``--architecture qwen2`` builds a randomly initialised Qwen2 with Smo
 shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a decode step
 depends on the shapes, not on the weights' values. ``--against one-at-a-time`` (full
 fine-tuning: one model per agent) measures instead the two models decoding side by side,
-one share of the threads each (``magrpo/threads.py``), against one model after the other
+one share of the threads each (``magrpo/speedups/threads.py``), against one model after the other
 (``Policies.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
-fused step's products by the blocked kernel (``magrpo/blocked_products.py``) against oneDNN's
-on packed weights. ``--against module-norms`` measures the step's RMSNorms in one kernel call
-each (``blocked_products.rms_norm``) against transformers' modules. ``--against
-torch-attention`` measures the step's attention by its kernel (``magrpo/decode_attention.py``)
-against torch's operators (two flash-attention calls merged). ``--against
-module-activation`` measures SwiGLU's activation in one kernel call (``blocked_products.silu_mul``)
-against the model's ``act_fn(gate) * up``. Prints seconds per ``sample`` call.
+fused step's products by the blocked kernel (``magrpo/speedups/blocked_matmul.py``) against
+oneDNN's on packed weights. ``--against module-norms`` measures the step's RMSNorms in one
+kernel call each (``blocked_matmul.rms_norm``) against transformers' modules. ``--against
+torch-attention`` measures the step's attention by its kernel
+(``magrpo/speedups/decode_attention.py``) against torch's operators (two flash-attention
+calls merged). ``--against module-activation`` measures SwiGLU's activation in one kernel
+call (``blocked_matmul.silu_mul``) against the model's ``act_fn(gate) * up``. Prints seconds
+per ``sample`` call.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-import magrpo.agents as agents_module
-import magrpo.llama_decode as llama_decode
-from magrpo.agents import SamplingParams, load_policies
+import magrpo.policies as policies_module
+import magrpo.speedups.llama_decode as llama_decode
 from magrpo.models import resolve_model
+from magrpo.policies import SamplingParams, load_policies
 
 PROMPTS = [
     ("aux", "Write a helper function that returns the sum of the squares of a list. " * 6),
@@ -52,8 +53,8 @@ PROMPTS = [
 # The old way each ``--against`` measures: (module, function, its replacement). The new way
 # is the functions as they are.
 OLD_WAYS = {
-    "transformers": (agents_module, "llama_decode_supported", lambda *_, **__: False),
-    "onednn": (llama_decode, "blocked_products_pay", lambda rows: False),
+    "transformers": (policies_module, "llama_decode_supported", lambda *_, **__: False),
+    "onednn": (llama_decode, "blocked_matmul_pays", lambda rows: False),
     "module-norms": (llama_decode, "_norm", lambda module, rows: module),
     "torch-attention": (llama_decode, "decode_attention_supported", lambda *_: False),
     "module-activation": (

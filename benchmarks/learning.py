@@ -44,10 +44,10 @@ import torch
 from untrained_coding_answers import git_commit, mean, sample_problems
 
 import llm_marl_envs
-from magrpo.agents import SamplingParams, load_policies
 from magrpo.checkpoint import list_checkpoints, load_checkpoint
 from magrpo.config import MAGRPOConfig
 from magrpo.models import resolve_model
+from magrpo.policies import SamplingParams, load_policies
 from magrpo.trainer import answer_stops
 
 REPO = Path(__file__).resolve().parent.parent

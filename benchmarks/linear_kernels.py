@@ -10,7 +10,7 @@ Kernels, each timed as the median of ``--repeats`` calls after warm-up, in one p
 - ``torch``: ``F.linear`` (float32 goes to the BLAS library, MKL in the x86 wheels;
   bfloat16 to oneDNN);
 - ``oneDNN``: ``torch.ops.mkldnn._linear_pointwise`` on the weight as it is (what
-  ``magrpo.onednn.onednn_linears(model)`` runs in the log-prob pass);
+  ``magrpo.speedups.onednn.onednn_linears(model)`` runs in the log-prob pass);
 - ``oneDNN packed``: the same on a weight reordered once into oneDNN's blocked layout (what
   the decode loop runs);
 - the backward's input gradient (``grad @ W``) with ``torch`` and ``oneDNN``.

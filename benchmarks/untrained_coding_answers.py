@@ -11,7 +11,7 @@ Each run writes its exact command, the git commit of the imported code and every
 
 For every problem of ``--split`` (CoopHumanEval ``train``: problems 0-49) the env is reset
 with ``options={"index": i}`` and each agent's first observation is sampled ``--samples``
-times, the way the trainer does it: ``magrpo.agents.load_policies`` with the defaults of
+times, the way the trainer does it: ``magrpo.policies.load_policies`` with the defaults of
 ``MAGRPOConfig`` (SmolLM2-135M-Instruct from ``resolve_model``, one fresh LoRA adapter per
 agent, i.e. the base model; chat template on; temperature, top_p, top_k, max_new_tokens) and
 ``Policies.sample`` with one seed per (problem, agent), so a sample does not depend on the
@@ -47,9 +47,9 @@ import llm_marl_envs
 import magrpo
 from llm_marl_envs.rewards.code_analysis import aux_usage, extract_definitions, returns_value
 from llm_marl_envs.rewards.coding import HELPER_NAME
-from magrpo.agents import SamplingParams, load_policies
 from magrpo.config import MAGRPOConfig
 from magrpo.models import DEFAULT_MODEL, resolve_model
+from magrpo.policies import SamplingParams, load_policies
 from magrpo.rollout import derive_seed
 
 REPO = Path(__file__).resolve().parent.parent

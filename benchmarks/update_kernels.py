@@ -1,5 +1,5 @@
 """A step's products with oneDNN on the plain weights against the BLAS library (MKL), in one
-process, alternating: what ``magrpo.onednn.plain_weights_pay`` decides per CPU.
+process, alternating: what ``magrpo.speedups.onednn.plain_weights_pay`` decides per CPU.
 
     .venv/bin/python benchmarks/update_kernels.py                      # LoRA, 6 rounds
     .venv/bin/python benchmarks/update_kernels.py --finetune full --reuse-sampled-states \\

@@ -193,7 +193,7 @@ def load_trained(settings: EvalSettings, agents: list[str]):
     """The trained policies, one per agent, exactly as ``magrpo.train`` saved them."""
     from peft.utils import load_peft_weights
 
-    from magrpo.agents import load_policies
+    from magrpo.policies import load_policies
 
     source = find_trained(settings.adapters, agents)
     config = source.run_config
@@ -290,8 +290,8 @@ class ModelPool:
         self._loaded: dict[str, Actor] = {}
 
     def actor(self, name: str | None) -> Actor:
-        from magrpo.agents import load_policies
         from magrpo.models import resolve_model
+        from magrpo.policies import load_policies
 
         path = resolve_model(name)
         if path not in self._loaded:
@@ -373,7 +373,7 @@ def evaluate(
     """
     import torch
 
-    from magrpo.agents import SamplingParams
+    from magrpo.policies import SamplingParams
 
     check_settings(settings)
     if env is None:
@@ -659,8 +659,8 @@ def settings_from_args(argv: list[str] | None = None) -> tuple[EvalSettings, arg
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from llm_marl_envs import LLMMarlEnvError
-    from magrpo.agents import ModelLoadError
     from magrpo.models import ModelNotFoundError
+    from magrpo.policies import ModelLoadError
 
     return (EvaluationError, LLMMarlEnvError, ModelLoadError, ModelNotFoundError)
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from magrpo.numerics import logsumexp, shifted_exp_
-from magrpo.onednn import matmul_t
-from magrpo.tied_weights import TiedGradient
+from magrpo.speedups.onednn import matmul_t
+from magrpo.speedups.tied_weights import TiedGradient
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def linear_token_logprobs(
     """``token_logprobs(hidden @ weight.T, target_ids)`` for hidden [N, H], in chunks.
 
     ``tied``: ``weight`` is also the input embedding's, looked up with the same
-    :class:`~magrpo.tied_weights.TiedGradient` (``tied_lookup``), which then returns the
+    :class:`~magrpo.speedups.tied_weights.TiedGradient` (``tied_lookup``), which then returns the
     weight's whole gradient."""
     return _LinearTokenLogprobs.apply(hidden, weight, target_ids, tied)
 

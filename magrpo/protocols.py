@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llm_marl_envs.wrappers.joint_text import combine_observations, split_response
-from magrpo.agents import Policies, SamplingParams
 from magrpo.metrics import Episode
+from magrpo.policies import Policies, SamplingParams
 
 PROTOCOLS = ("single", "parallel", "sequential", "discussion", "trained")
 SINGLE_ROLE = "single"  # the timing key of the single model

@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Any
 
-from magrpo.agents import ModelLoadError
 from magrpo.checkpoint import MODELS_DIR
 from magrpo.config import ConfigError, MAGRPOConfig, config_from_args
+from magrpo.policies import ModelLoadError
 from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainResult
 from magrpo.vllm_sampler import VLLMUnavailableError
 

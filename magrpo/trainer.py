@@ -42,9 +42,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 from magrpo.advantages import compute_advantages
-from magrpo.agents import Policies, SamplingParams, load_policies
 from magrpo.checkpoint import (
     ADAPTERS_DIR,
     MODELS_DIR,
@@ -57,13 +55,15 @@ from magrpo.checkpoint import (
 from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.distributed import DataParallel
-from magrpo.heap import keep_freed_memory, release_free_heap
-from magrpo.llama_decode import separate_weights
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
-from magrpo.optimizer_in_backward import BackwardSteps
+from magrpo.policies import Policies, SamplingParams, load_policies
 from magrpo.rollout import Completion, RolloutResult, run_rollout
-from magrpo.sampled_states import StateStore
+from magrpo.speedups.activation_checkpointing import CheckpointingUnsupported, decoder_layers
+from magrpo.speedups.heap import keep_freed_memory, release_free_heap
+from magrpo.speedups.llama_decode import separate_weights
+from magrpo.speedups.optimizer_in_backward import BackwardSteps
+from magrpo.speedups.sampled_states import StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -834,7 +834,7 @@ class MAGRPOTrainer:
 
 def _keeps_freed_memory(policy: str, policies: Policies, saving_memory: bool = False) -> bool:
     """``cpu_heap``: "auto" keeps freed memory when a CPU model is fully fine-tuned, whose
-    gradients and packed weights are re-allocated every step (see ``magrpo.heap``), unless
+    gradients and packed weights are re-allocated every step (see ``magrpo.speedups.heap``), unless
     the run trades time for memory (``saving_memory``: gradient checkpointing or the
     optimizer in backward), whose savings a kept heap would hide: it grows to the high-water
     mark of its fragmented free space (4.9 GiB instead of 4.4, docs/benchmarks.md)."""

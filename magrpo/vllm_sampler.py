@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from magrpo.agents import completion_from_ids
 from magrpo.config import ConfigError
+from magrpo.policies import completion_from_ids
 from magrpo.rollout import Completion
 
 if TYPE_CHECKING:
-    from magrpo.agents import Policies, SamplingParams, _Backend
+    from magrpo.policies import Policies, SamplingParams, _Backend
 
 logger = logging.getLogger(__name__)
 

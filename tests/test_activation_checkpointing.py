@@ -10,8 +10,8 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     tiny_model_path_per_architecture,
 )
 
-from magrpo.activation_checkpointing import CheckpointingUnsupported, decoder_layers
-from magrpo.agents import load_policies
+from magrpo.policies import load_policies
+from magrpo.speedups.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_cache_entry_made_by_the_forward_is_made_afresh_for_the_replay():
     created entry 0 must not find it holding the forward's keys."""
     from transformers import DynamicCache
 
-    from magrpo.activation_checkpointing import _cache_entry, _restore_cache_entry
+    from magrpo.speedups.activation_checkpointing import _cache_entry, _restore_cache_entry
 
     cache = DynamicCache()
     before = _cache_entry(cache, 0)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
-from magrpo.decode_attention import DecodeAttention, decode_attention_supported
-from magrpo.llama_decode import _TorchAttention
+from magrpo.speedups.decode_attention import DecodeAttention, decode_attention_supported
+from magrpo.speedups.llama_decode import _TorchAttention
 
 pytestmark = pytest.mark.skipif(
     not decode_attention_supported(torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8)),

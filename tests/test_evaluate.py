@@ -19,10 +19,10 @@ from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest 
 import llm_marl_envs
 from llm_marl_envs.wrappers.joint_text import split_response
 from magrpo import evaluate as ev
-from magrpo.agents import SamplingParams, load_policies
 from magrpo.metrics import best_at_k, compute_metrics, pass_at_k
 from magrpo.plot import main as plot_main
 from magrpo.plot import plot_training
+from magrpo.policies import SamplingParams, load_policies
 from magrpo.protocols import (
     PROTOCOLS,
     Actor,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 from transformers import AutoModelForCausalLM
 
-from magrpo.grouped_attention import NAME, MatmulAttention, use_grouped_attention
+from magrpo.speedups.grouped_attention import NAME, MatmulAttention, use_grouped_attention
 
 
 def _logits_and_grads(model, ids, mask):

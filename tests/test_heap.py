@@ -1,4 +1,4 @@
-"""magrpo.heap: with freed memory kept, a re-allocated tensor costs no page faults."""
+"""magrpo.speedups.heap: with freed memory kept, a re-allocated tensor costs no page faults."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from magrpo import heap
+from magrpo.speedups import heap
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="not glibc")
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="not glibc")
 _SCRIPT = """
 import json, resource, sys
 import torch
-from magrpo.heap import keep_freed_memory
+from magrpo.speedups.heap import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.ones(16 * 2**20)  # 64 MB of float32, freed at once
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt

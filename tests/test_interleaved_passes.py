@@ -12,9 +12,9 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     tiny_model_path_per_architecture,
 )
 
-from magrpo.activation_checkpointing import decoder_layers
-from magrpo.agents import load_policies
-from magrpo.interleaved_passes import new_cache
+from magrpo.policies import load_policies
+from magrpo.speedups.activation_checkpointing import decoder_layers
+from magrpo.speedups.interleaved_passes import new_cache
 
 
 @pytest.fixture

@@ -6,18 +6,18 @@ import pytest
 import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
-import magrpo.llama_decode as llama_decode
-from magrpo import blocked_products
-from magrpo.agents import (
+import magrpo.speedups.llama_decode as llama_decode
+from magrpo.policies import (
     SamplingParams,
     _last_position_pass,
     _output_cache,
     _position_ids,
     load_policies,
 )
-from magrpo.decode_attention import DecodeAttention
-from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported, separate_weights
-from magrpo.onednn import onednn_supports
+from magrpo.speedups import blocked_matmul
+from magrpo.speedups.decode_attention import DecodeAttention
+from magrpo.speedups.llama_decode import LlamaDecodeStep, llama_decode_supported, separate_weights
+from magrpo.speedups.onednn import onednn_supports
 
 AGENTS = ["alice", "bob"]
 PROMPTS = [("alice", "say some words again please"), ("bob", "task")]  # left padding
@@ -28,10 +28,10 @@ GROUP = 3
 def decode_kernel(request, monkeypatch):
     """The decode step's products (and with them its norms and attention) by each kernel,
     whichever this CPU would pick."""
-    if request.param == "blocked" and blocked_products.library() is None:
+    if request.param == "blocked" and blocked_matmul.library() is None:
         pytest.skip("the blocked-products kernel cannot be built here (see the log)")
     blocked = request.param == "blocked"
-    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: blocked)
+    monkeypatch.setattr(llama_decode, "blocked_matmul_pays", lambda rows: blocked)
     return request.param
 
 
@@ -247,7 +247,7 @@ def test_weights_lent_before_packing_fails_come_back(full_model, decode_kernel, 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     # oneDNN packs each fused product once; the blocked kernel blocks each weight
     module, name, fail_at = (
-        (blocked_products, "_transpose_blocks", 9)  # within layer 2's q, k, v
+        (blocked_matmul, "_transpose_blocks", 9)  # within layer 2's q, k, v
         if decode_kernel == "blocked"
         else (llama_decode, "pack_weight", 6)  # layer 2's o, after layer 1 was lent
     )
@@ -316,9 +316,9 @@ def test_norms_run_in_the_kernel_only_as_transformers_defines_them(monkeypatch):
     not another norm, not where the products are oneDNN's."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    if blocked_products.library() is None:
+    if blocked_matmul.library() is None:
         pytest.skip("the blocked-products kernel cannot be built here (see the log)")
-    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: True)
+    monkeypatch.setattr(llama_decode, "blocked_matmul_pays", lambda rows: True)
     norm = LlamaRMSNorm(32)
     assert llama_decode._norm(norm, rows=4) is not norm
     replaced = LlamaRMSNorm(32)
@@ -328,7 +328,7 @@ def test_norms_run_in_the_kernel_only_as_transformers_defines_them(monkeypatch):
     assert llama_decode._norm(layer_norm, rows=4) is layer_norm
     bfloat16 = LlamaRMSNorm(32).to(torch.bfloat16)
     assert llama_decode._norm(bfloat16, rows=4) is bfloat16
-    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: False)
+    monkeypatch.setattr(llama_decode, "blocked_matmul_pays", lambda rows: False)
     assert llama_decode._norm(norm, rows=4) is norm
 
 
@@ -338,14 +338,14 @@ def test_activations_run_in_the_kernel_only_for_transformers_silu(monkeypatch):
     are oneDNN's; elsewhere the model's own activation, applied the same way."""
     from transformers.activations import ACT2FN
 
-    if blocked_products.library() is None:
+    if blocked_matmul.library() is None:
         pytest.skip("the blocked-products kernel cannot be built here (see the log)")
-    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: True)
+    monkeypatch.setattr(llama_decode, "blocked_matmul_pays", lambda rows: True)
 
     def mlp(act_fn):
         return types.SimpleNamespace(act_fn=act_fn)
 
-    kernel = blocked_products.silu_mul
+    kernel = blocked_matmul.silu_mul
     assert llama_decode._activation(mlp(ACT2FN["silu"]), 4, torch.float32) is kernel
     assert llama_decode._activation(mlp(torch.nn.SiLU()), 4, torch.float32) is kernel
     replaced = ACT2FN["silu"]
@@ -360,5 +360,5 @@ def test_activations_run_in_the_kernel_only_for_transformers_silu(monkeypatch):
         activation = llama_decode._activation(mlp(act_fn), 4, dtype)
         assert activation is not kernel
         torch.testing.assert_close(activation(hidden), act_fn(hidden[:, :8]) * hidden[:, 8:])
-    monkeypatch.setattr(llama_decode, "blocked_products_pay", lambda rows: False)
+    monkeypatch.setattr(llama_decode, "blocked_matmul_pays", lambda rows: False)
     assert llama_decode._activation(mlp(ACT2FN["silu"]), 4, torch.float32) is not kernel

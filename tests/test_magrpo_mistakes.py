@@ -8,8 +8,8 @@ import logging
 import pytest
 from magrpo_fixtures import WordGameEnv, build_tiny_model, build_tokenizer
 
-from magrpo.agents import ModelLoadError, load_policies
 from magrpo.config import ConfigError, MAGRPOConfig
+from magrpo.policies import ModelLoadError, load_policies
 from magrpo.trainer import IncompatibleEnvError, check_horizon
 
 
@@ -58,7 +58,7 @@ def test_a_turn_end_that_is_not_eos_becomes_a_stop_token(tmp_path, caplog):
     tokenizer = build_tokenizer()
     tokenizer.chat_template = tokenizer.chat_template.replace("<|im_end|>", "<unk>")
     tokenizer.save_pretrained(path)
-    with caplog.at_level(logging.WARNING, logger="magrpo.agents"):
+    with caplog.at_level(logging.WARNING, logger="magrpo.policies"):
         policies = load_policies(["alice", "bob"], [str(path)] * 2)
     assert "'<unk>'" in caplog.text
     assert tokenizer.convert_tokens_to_ids("<unk>") in policies.backends[0].eos_ids

@@ -113,7 +113,7 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
 def test_one_agent_update_leaves_the_other_untouched(tmp_path, tiny_model_path):  # noqa: F811
     config = make_config(tmp_path / "iso", tiny_model_path)
     trainer = MAGRPOTrainer(config, WordGameEnv(), model_resolver=str)
-    # LoRA on CPU gives freed memory back unless told to keep it (magrpo.heap)
+    # LoRA on CPU gives freed memory back unless told to keep it (magrpo.speedups.heap)
     assert [_keeps_freed_memory(p, trainer.policies) for p in ("auto", "keep", "release")] == [
         False, True, False,
     ]  # fmt: skip
@@ -201,7 +201,7 @@ def test_reused_sampled_states_train_as_the_ordinary_pass(
     have changed after it), each weight stepped inside the layer-by-layer backward; one
     step ends where the ordinary pass's does, up to AdamW's first step on gradients equal up
     to rounding (sign(g) * lr, so a near-zero gradient's rounding may move it by < lr / 4)."""
-    import magrpo.agents
+    import magrpo.policies
 
     calls = {"from states": 0, "log-prob passes": 0}
 
@@ -213,14 +213,14 @@ def test_reused_sampled_states_train_as_the_ordinary_pass(
         return call
 
     monkeypatch.setattr(
-        magrpo.agents,
+        magrpo.policies,
         "final_hidden_from_states",
-        counted("from states", magrpo.agents.final_hidden_from_states),
+        counted("from states", magrpo.policies.final_hidden_from_states),
     )
     monkeypatch.setattr(
-        magrpo.agents.Policies,
+        magrpo.policies.Policies,
         "logprobs",
-        counted("log-prob passes", magrpo.agents.Policies.logprobs),
+        counted("log-prob passes", magrpo.policies.Policies.logprobs),
     )
     lr = 1e-2
     weights = {}
@@ -264,7 +264,7 @@ def test_non_text_env_is_rejected(tmp_path):
 
 
 def test_unloadable_model_is_a_clear_error(tmp_path):
-    from magrpo.agents import ModelLoadError
+    from magrpo.policies import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="--model"):
         MAGRPOTrainer(
@@ -337,7 +337,7 @@ def test_agent_devices_place_separate_models(tmp_path, tiny_model_path):  # noqa
 
 
 def test_agent_devices_errors(tmp_path, tiny_model_path):  # noqa: F811
-    from magrpo.agents import ModelLoadError
+    from magrpo.policies import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="one shared base"):  # LoRA: one base, one device
         run(make_config(tmp_path / "a", tiny_model_path, agent_devices=["cpu", "meta"]))

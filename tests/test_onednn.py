@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 
-from magrpo import onednn
-from magrpo.onednn import onednn_available, onednn_linears, onednn_supports
+from magrpo.speedups import onednn
+from magrpo.speedups.onednn import onednn_available, onednn_linears, onednn_supports
 
 pytestmark = pytest.mark.skipif(
     not onednn_available(torch.device("cpu")), reason="this torch build has no oneDNN"

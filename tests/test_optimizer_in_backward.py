@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from magrpo.config import ConfigError, MAGRPOConfig
-from magrpo.optimizer_in_backward import BackwardSteps
+from magrpo.speedups.optimizer_in_backward import BackwardSteps
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

@@ -12,8 +12,8 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     tiny_model_path_per_architecture,
 )
 
-from magrpo.agents import SamplingParams, load_policies
-from magrpo.sampled_states import StateStore
+from magrpo.policies import SamplingParams, load_policies
+from magrpo.speedups.sampled_states import StateStore
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_completions_without_recorded_states_take_the_ordinary_pass(tiny_model_p
     completions = completions_of_two_prompts(policies, ["alice"])  # not sampled: no states
     expected = policies.logprobs(completions).logprobs.detach()
     policies.sampled_states = StateStore()
-    with caplog.at_level(logging.WARNING, logger="magrpo.agents"):
+    with caplog.at_level(logging.WARNING, logger="magrpo.policies"):
         got = policies.logprobs(completions).logprobs.detach()
         policies.logprobs(completions)
     assert torch.equal(got, expected)

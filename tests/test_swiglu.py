@@ -4,7 +4,7 @@ import torch
 from magrpo_fixtures import tiny_model_path  # noqa: F401 - pytest fixture
 from transformers import AutoModelForCausalLM
 
-from magrpo.swiglu import _SwiGLU, lean_swiglu
+from magrpo.speedups.swiglu import _SwiGLU, lean_swiglu
 
 
 def test_swiglu_gradients_match_autograd():

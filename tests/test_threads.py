@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from magrpo.threads import run_side_by_side
+from magrpo.speedups.threads import run_side_by_side
 
 
 def _where():

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from magrpo.losses import linear_token_logprobs, token_logprobs
-from magrpo.tied_weights import tied_gradient, tied_lookup
+from magrpo.speedups.tied_weights import tied_gradient, tied_lookup
 
 
 def _tied_pair(padding_idx=None):

@@ -29,10 +29,6 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-from magrpo.activation_checkpointing import checkpointed_layers, decoder_layers
-from magrpo.grouped_attention import use_grouped_attention
-from magrpo.interleaved_passes import forwards_in_turn, new_cache
-from magrpo.llama_decode import LlamaDecodeStep, llama_decode_supported
 from magrpo.lora_routing import AdapterRouter
 from magrpo.losses import (
     completion_length,
@@ -40,19 +36,23 @@ from magrpo.losses import (
     linear_token_logprobs,
     token_logprobs,
 )
-from magrpo.onednn import onednn_linears
 from magrpo.rollout import Completion, derive_seed
-from magrpo.sampled_states import (
+from magrpo.sampling import row_generators, sample_tokens
+from magrpo.speedups.activation_checkpointing import checkpointed_layers, decoder_layers
+from magrpo.speedups.grouped_attention import use_grouped_attention
+from magrpo.speedups.interleaved_passes import forwards_in_turn, new_cache
+from magrpo.speedups.llama_decode import LlamaDecodeStep, llama_decode_supported
+from magrpo.speedups.onednn import onednn_linears
+from magrpo.speedups.sampled_states import (
     SampledStates,
     StateStore,
     final_hidden_from_states,
     pad_states,
     recorded_layer_inputs,
 )
-from magrpo.sampling import row_generators, sample_tokens
-from magrpo.swiglu import lean_swiglu
-from magrpo.threads import run_side_by_side
-from magrpo.tied_weights import TiedGradient, tied_gradient, tied_lookup
+from magrpo.speedups.swiglu import lean_swiglu
+from magrpo.speedups.threads import run_side_by_side
+from magrpo.speedups.tied_weights import TiedGradient, tied_gradient, tied_lookup
 
 logger = logging.getLogger(__name__)
 
@@ -751,7 +751,7 @@ def _embed_together(
     one call: when the embedding is trained (full fine-tuning), its backward then makes one
     dense [vocab, hidden] gradient instead of one per pass (113 MB each for SmolLM2 in
     float32, each zero-filled and then added to the other). ``tied``: the output layer's
-    gradient takes the lookup's rows instead (``magrpo.tied_weights``)."""
+    gradient takes the lookup's rows instead (``magrpo.speedups.tied_weights``)."""
     ids = torch.cat([prompt_ids.reshape(-1), target_ids.reshape(-1)])
     looked_up = embedding(ids) if tied is None else tied_lookup(embedding, ids, tied)
     prompts, targets = looked_up.split([prompt_ids.numel(), target_ids.numel()])

@@ -1,4 +1,4 @@
-// Math on AVX2 registers shared by the decode kernels (blocked_products.cpp,
+// Math on AVX2 registers shared by the decode kernels (blocked_matmul.cpp,
 // decode_attention.cpp).
 
 #pragma once

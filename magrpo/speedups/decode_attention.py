@@ -12,7 +12,7 @@ values read once for all the queries of a prompt. Sampling: 1.19x with full fine
 (two models decoding side by side, which also queue less for the interpreter), 1.24x with
 LoRA (``benchmarks/decode_step.py --against torch-attention``).
 
-It is built into the blocked-products library (``blocked_products.library``) and used where
+It is built into the blocked-products library (``blocked_matmul.library``) and used where
 that library runs the step's products, for float32 models whose head size is a multiple of
 8; elsewhere the step keeps torch's operators.
 """
@@ -23,7 +23,7 @@ import ctypes
 
 import torch
 
-from magrpo.blocked_products import library
+from magrpo.speedups.blocked_matmul import library
 
 _pointer, _long = ctypes.c_void_p, ctypes.c_long
 

@@ -1,5 +1,5 @@
 // Products of a few rows with float32 weights stored in column blocks, for decode steps
-// on AVX2 CPUs (magrpo/blocked_products.py says why and when).
+// on AVX2 CPUs (magrpo/speedups/blocked_matmul.py says why and when).
 //
 // A weight [n, k] (torch's nn.Linear layout, n a multiple of 16) is "blocked" when each
 // of its 16-row blocks is stored transposed, [k][16]: the same memory, permuted. A product
@@ -67,7 +67,7 @@ extern "C" {
 
 // out[:, c] = x @ W.T (+ bias) (+ residual) for W the row-wise concatenation of the blocked
 // weights[0..count) (widths[j] rows each, k columns): each 16 outputs are one block.
-void blocked_products(const float *x, long ldx, long rows, long k, const float *const *weights,
+void blocked_matmul(const float *x, long ldx, long rows, long k, const float *const *weights,
                       const long *widths, long count, float *out, long ldo, const float *bias,
                       const float *residual, long ldr) {
   long blocks = 0;

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from magrpo.interleaved_passes import first_layer_inputs, hidden_states
 from magrpo.rollout import Completion
+from magrpo.speedups.interleaved_passes import first_layer_inputs, hidden_states
 
 # layer_pass(index, layer, prompts): the block in which decoder layer ``index`` runs on the
 # prompts (True) or on the completions (False)

@@ -3,14 +3,14 @@
 A decode step multiplies a handful of rows (the G samples of each prompt) by every weight of
 the model, so it is bound by how fast the weights stream from memory. On an AVX2 CPU (AMD
 Zen 3, 2 threads) oneDNN's products on its packed weights stream 12-18 GB/s, while a plain
-sum streams 33-38 GB/s. ``csrc/blocked_products.cpp`` streams each 16-row block of a weight
+sum streams 33-38 GB/s. ``csrc/blocked_matmul.cpp`` streams each 16-row block of a weight
 once, front to back, with the outputs in registers and the block prefetched ahead: 26-28
 GB/s at 1 to 4 rows, 1.1-1.6x oneDNN's speed at 1 to 32 rows
 (``benchmarks/decode_products.py``; docs/benchmarks.md, fix 32).
 
 Its weight layout ("blocked": each 16-row block transposed) is a permutation of the weight's
 own memory, so a weight that owns its memory is blocked in place, with no copy, and
-unblocked exactly after (:class:`BlockedProduct` ``in_place``).
+unblocked exactly after (:class:`BlockedMatmul` ``in_place``).
 
 The same library runs the step's RMSNorms (:func:`rms_norm`): on a few rows, six torch
 operators cost more in dispatch than in arithmetic, and two decode threads side by side
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from magrpo import onednn
+from magrpo.speedups import onednn
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +53,15 @@ MAX_ROWS = 32  # above this a decode step has enough rows for oneDNN's products 
 # compiled into one library: the decode step's attention (decode_attention.py) shares the
 # build, the cache and the OpenMP check
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "blocked_products.cpp", CSRC / "decode_attention.cpp")
+SOURCES = (CSRC / "blocked_matmul.cpp", CSRC / "decode_attention.cpp")
 HEADERS = (CSRC / "simd_math.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 _pointer, _long = ctypes.c_void_p, ctypes.c_long
 
 
-def blocked_products_pay(rows: int) -> bool:
-    """Whether a decode step of ``rows`` rows should multiply by :class:`BlockedProduct`."""
+def blocked_matmul_pays(rows: int) -> bool:
+    """Whether a decode step of ``rows`` rows should multiply by :class:`BlockedMatmul`."""
     return onednn._CPU_CAPABILITY == "AVX2" and rows <= MAX_ROWS and library() is not None
 
 
@@ -78,7 +78,7 @@ def blockable(weights: Sequence[torch.Tensor]) -> bool:
     )
 
 
-class BlockedProduct:
+class BlockedMatmul:
     """``x @ cat(weights).T (+ bias) (+ residual)`` (no autograd), float32 on CPU.
 
     ``in_place[j]``: weight j is blocked in its own memory (it must own it) and unreadable
@@ -113,14 +113,14 @@ class BlockedProduct:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self._blocked is None:
-            raise RuntimeError("BlockedProduct called after give_back()")
+            raise RuntimeError("BlockedMatmul called after give_back()")
         x = _rows(x, self.fan_in)
         out = x.new_empty(len(x), self.width)
         if residual is not None:
             residual = _rows(residual, self.width)
             if len(residual) != len(x):
                 raise ValueError(f"{len(residual)} residual rows for {len(x)} input rows")
-        self._kernel.blocked_products(
+        self._kernel.blocked_matmul(
             x.data_ptr(), x.stride(0), len(x), x.shape[1],
             self._weights, self._widths, len(self._widths),
             out.data_ptr(), out.stride(0),
@@ -209,11 +209,11 @@ def library() -> ctypes.CDLL | None:
             error,
         )
         return None
-    kernel.blocked_products.argtypes = [
+    kernel.blocked_matmul.argtypes = [
         _pointer, _long, _long, _long, _pointer, _pointer, _long, _pointer, _long,
         _pointer, _pointer, _long,
     ]  # fmt: skip
-    kernel.blocked_products.restype = None
+    kernel.blocked_matmul.restype = None
     kernel.transpose_blocks.argtypes = [_pointer, _long, _long, ctypes.c_int]
     kernel.rms_norm_rows.argtypes = [
         _pointer, _long, _long, _long, _pointer, ctypes.c_float, _pointer, _long,
@@ -250,7 +250,7 @@ def _built(compiler: str) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError:
         cache = Path(tempfile.gettempdir())
-    target = cache / f"blocked_products-{key[:16]}.so"
+    target = cache / f"blocked_matmul-{key[:16]}.so"
     if target.exists():
         return target
     handle, partial = tempfile.mkstemp(dir=cache, suffix=".so")

@@ -1,4 +1,4 @@
-"""The decode steps' AVX2 kernel (magrpo/blocked_products.py) against torch's products."""
+"""The decode steps' AVX2 kernel (magrpo/speedups/blocked_matmul.py) against torch's products."""
 
 import logging
 import threading
@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from magrpo import blocked_products, onednn
-from magrpo.blocked_products import BLOCK, BlockedProduct, blockable, blocked_products_pay
+from magrpo.speedups import blocked_matmul, onednn
+from magrpo.speedups.blocked_matmul import BLOCK, BlockedMatmul, blockable, blocked_matmul_pays
 
 pytestmark = pytest.mark.skipif(
-    blocked_products.library() is None, reason="the kernel cannot be built here (see the log)"
+    blocked_matmul.library() is None, reason="the kernel cannot be built here (see the log)"
 )
 
 K = 40  # not a multiple of the 8 floats of an AVX register
@@ -29,11 +29,11 @@ def test_products_equal_torch_with_bias_and_residual(rows):
     x = torch.randn(rows, K + 7)[:, 3 : 3 + K]  # rows with a stride of their own
     residual = torch.randn(rows, 96)
     expected = F.linear(x, torch.cat(weights), bias) + residual
-    product = BlockedProduct(weights, bias)
+    product = BlockedMatmul(weights, bias)
     torch.testing.assert_close(product(x, residual), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(product(x), F.linear(x, torch.cat(weights), bias))
     assert torch.equal(product(x), product(x))  # no state carried between calls
-    no_bias = BlockedProduct(weights[:1])
+    no_bias = BlockedMatmul(weights[:1])
     torch.testing.assert_close(no_bias(x), x @ weights[0].t(), rtol=1e-5, atol=1e-5)
 
 
@@ -50,10 +50,10 @@ def test_rms_norm_equals_transformers(norm_class, features):
     x = torch.randn(5, features + 3)[:, 2 : 2 + features] * 3  # strided rows
     with torch.no_grad():
         expected = norm(x)
-    got = blocked_products.rms_norm(x, norm.weight.detach(), norm.variance_epsilon)
+    got = blocked_matmul.rms_norm(x, norm.weight.detach(), norm.variance_epsilon)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError):
-        blocked_products.rms_norm(x.double(), norm.weight.detach(), 1e-5)
+        blocked_matmul.rms_norm(x.double(), norm.weight.detach(), 1e-5)
 
 
 @pytest.mark.parametrize("half", [K + 3, 1536])  # a tail past the last register; SmolLM2
@@ -64,16 +64,16 @@ def test_silu_mul_equals_the_models_activation(half):
     hidden = torch.randn(5, 2 * half + 4)[:, 1 : 1 + 2 * half] * 4  # strided rows
     hidden[0, :8] = torch.tensor([-100.0, 100.0, 0.0, -0.0, 1e-30, -90.0, 88.0, float("nan")])
     expected = ACT2FN["silu"](hidden[:, :half]) * hidden[:, half:]
-    got = blocked_products.silu_mul(hidden)
+    got = blocked_matmul.silu_mul(hidden)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
     for bad in (hidden.double(), hidden[:, 1:], hidden[0]):
         with pytest.raises(ValueError):
-            blocked_products.silu_mul(bad)
+            blocked_matmul.silu_mul(bad)
 
 
 def test_inputs_of_the_wrong_shape_are_refused():
     """The kernel checks no bounds: every shape is checked before it runs."""
-    product = BlockedProduct(_weights(16, 32))
+    product = BlockedMatmul(_weights(16, 32))
     with pytest.raises(ValueError, match="rows"):
         product(torch.randn(2, K + 1))
     with pytest.raises(ValueError, match="rows"):
@@ -89,7 +89,7 @@ def test_weights_blocked_in_place_come_back_exactly():
     originals = [w.clone() for w in weights]
     pointers = [w.data_ptr() for w in weights]
     x = torch.randn(3, 24)
-    product = BlockedProduct(weights, in_place=[True, False])
+    product = BlockedMatmul(weights, in_place=[True, False])
     # the first is its own memory, permuted block by block; the second was copied
     assert [w.data_ptr() for w in weights] == pointers
     blocked = originals[0].view(-1, BLOCK, 24).transpose(1, 2).reshape(32, 24)
@@ -105,7 +105,7 @@ def test_weights_blocked_in_place_come_back_exactly():
 def test_kernel_runs_on_torchs_threads():
     """torch.set_num_threads (per thread, as side-by-side sampling sets it) reaches the
     kernel: one OpenMP runtime, not two competing for the cores."""
-    kernel = blocked_products.library()
+    kernel = blocked_matmul.library()
     assert kernel.max_threads() == torch.get_num_threads()
     seen = []
 
@@ -129,29 +129,29 @@ def test_only_supported_weights_are_blockable():
 
 def test_used_on_avx2_cpus_for_few_rows(monkeypatch):
     monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX2")
-    assert blocked_products_pay(8)
-    assert not blocked_products_pay(blocked_products.MAX_ROWS + 1)
+    assert blocked_matmul_pays(8)
+    assert not blocked_matmul_pays(blocked_matmul.MAX_ROWS + 1)
     monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX512")
-    assert not blocked_products_pay(8)
+    assert not blocked_matmul_pays(8)
 
 
 @pytest.fixture
 def fresh_cache(monkeypatch, tmp_path):
     """No kernel built before, and the process's own loaded again after the test."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    blocked_products.library.cache_clear()
+    blocked_matmul.library.cache_clear()
     yield tmp_path / ".cache" / "magrpo" / "kernels"
-    blocked_products.library.cache_clear()
+    blocked_matmul.library.cache_clear()
 
 
 def test_kernel_is_built_once_into_the_cache(fresh_cache):
-    kernel = blocked_products.library()
+    kernel = blocked_matmul.library()
     assert kernel is not None
     built = list(fresh_cache.iterdir())
     assert [p.suffix for p in built] == [".so"]  # no partial file left
-    blocked_products.library.cache_clear()
+    blocked_matmul.library.cache_clear()
     stamp = built[0].stat().st_mtime_ns
-    assert blocked_products.library() is not None
+    assert blocked_matmul.library() is not None
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 
 
@@ -161,7 +161,7 @@ def test_a_missing_or_failing_compiler_leaves_onednn_with_a_warning(
 ):
     monkeypatch.setenv("CXX", compiler)
     monkeypatch.setattr(onednn, "_CPU_CAPABILITY", "AVX2")
-    with caplog.at_level(logging.WARNING, logger="magrpo.blocked_products"):
-        assert blocked_products.library() is None
-        assert not blocked_products_pay(8)
+    with caplog.at_level(logging.WARNING, logger="magrpo.speedups.blocked_matmul"):
+        assert blocked_matmul.library() is None
+        assert not blocked_matmul_pays(8)
     assert "oneDNN" in caplog.text

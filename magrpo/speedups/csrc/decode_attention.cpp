@@ -1,10 +1,10 @@
-// One decode step's attention for every row, on AVX2 CPUs (magrpo/decode_attention.py says
+// One decode step's attention for every row, on AVX2 CPUs (magrpo/speedups/decode_attention.py says
 // why and when): the rotary embedding of the row's new query and key, the new key and value
 // written into the row's own cache, then softmax attention over the prompt's keys (one copy
 // per prompt, shared by its G rows) and the row's own generated ones, as one softmax.
 //
 // Float32; head_dim a multiple of 8, each key and value row contiguous. Threads: one task
-// per (prompt, key/value head) on torch's OpenMP threads (see blocked_products.cpp).
+// per (prompt, key/value head) on torch's OpenMP threads (see blocked_matmul.cpp).
 
 #include <immintrin.h>
 

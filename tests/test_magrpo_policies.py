@@ -5,7 +5,7 @@ import pytest
 import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
-from magrpo.agents import SamplingParams, load_policies
+from magrpo.policies import SamplingParams, load_policies
 from magrpo.rollout import Completion
 
 AGENTS = ["alice", "bob"]
@@ -40,7 +40,7 @@ def test_shared_base_one_adapter_per_agent(policies):
 def decode_path(request, monkeypatch):
     """Decode with the fused Llama step (the default here) or with transformers' forward."""
     if request.param == "transformers":
-        monkeypatch.setattr("magrpo.agents.llama_decode_supported", lambda *args: False)
+        monkeypatch.setattr("magrpo.policies.llama_decode_supported", lambda *args: False)
     return request.param
 
 
@@ -77,16 +77,16 @@ def test_models_sampled_side_by_side_draw_what_they_draw_alone(
 ):
     """Separate models (full fine-tuning) with seeds decode in worker threads, one torch
     thread each: the samples are those of each model sampled on its own."""
-    import magrpo.agents
+    import magrpo.policies
 
     torch.manual_seed(0)
     full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
     with torch.no_grad():  # two different models
         next(full.backends[1].model.parameters()).add_(0.5)
     calls = []
-    run = magrpo.agents.run_side_by_side
+    run = magrpo.policies.run_side_by_side
     monkeypatch.setattr(
-        magrpo.agents, "run_side_by_side", lambda jobs: calls.append(1) or run(jobs)
+        magrpo.policies, "run_side_by_side", lambda jobs: calls.append(1) or run(jobs)
     )
     hot = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
     requests = [("alice", "say words"), ("bob", "a longer task prompt here")]
@@ -105,19 +105,19 @@ def test_models_sampled_one_after_the_other_hold_one_decoding_state(tiny_model_p
     before the next model packs its own."""
     import weakref
 
-    import magrpo.agents
+    import magrpo.policies
 
     full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
     full.side_by_side = False
     made, alive_before = [], []
 
-    class Recorded(magrpo.agents.LlamaDecodeStep):
+    class Recorded(magrpo.policies.LlamaDecodeStep):
         def __init__(self, *args, **kwargs):
             alive_before.append(sum(ref() is not None for ref in made))
             super().__init__(*args, **kwargs)
             made.append(weakref.ref(self))
 
-    monkeypatch.setattr(magrpo.agents, "LlamaDecodeStep", Recorded)
+    monkeypatch.setattr(magrpo.policies, "LlamaDecodeStep", Recorded)
     hot = SamplingParams(max_new_tokens=4, temperature=1.0)
     full.sample([("alice", "say words"), ("bob", "a task")], 2, hot, [1, 2])
     assert alive_before == [0, 0]
@@ -189,7 +189,7 @@ def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path, monke
     log-softmax."""
     from transformers import AutoModelForCausalLM
 
-    import magrpo.agents as agents
+    import magrpo.policies as agents
 
     lookups = []
     tied_lookup = agents.tied_lookup

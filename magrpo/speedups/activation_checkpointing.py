@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from magrpo.module_patching import forwards_replaced, is_patched
+from magrpo.speedups.module_patching import forwards_replaced, is_patched
 
 
 class CheckpointingUnsupported(ValueError):

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from magrpo.llama_decode import ARCHITECTURES
+from magrpo.speedups.llama_decode import ARCHITECTURES
 
 # layer_pass(index, layer, prompts): the block that pass's forward of decoder layer
 # ``index`` runs in (prompts: True for the prompts' pass)

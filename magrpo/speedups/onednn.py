@@ -34,8 +34,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from magrpo.heap import release_free_heap
-from magrpo.module_patching import forwards_replaced, is_patched
+from magrpo.speedups.heap import release_free_heap
+from magrpo.speedups.module_patching import forwards_replaced, is_patched
 
 
 def onednn_available(device: torch.device) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from magrpo.module_patching import forwards_replaced, is_patched
+from magrpo.speedups.module_patching import forwards_replaced, is_patched
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
 
 - the products that read one input (q, k, v; gate, up) are one product over their weights,
   prepared once per ``sample`` call: by the blocked kernel on AVX2 CPUs
-  (``blocked_products``), else by oneDNN on the weights concatenated and packed
+  (``blocked_matmul``), else by oneDNN on the weights concatenated and packed
   (``onednn``); o and down add the residual inside the product;
 - LoRA adapters, routed per row (``lora_routing``), add two small matmuls per fused product;
 - the queries of a prompt's G rows attend together to the one copy of the prompt's keys
@@ -21,7 +21,7 @@ reads are copies. :class:`LlamaDecodeStep` runs the same arithmetic with less of
 It is the model's forward up to float rounding (summation order; the merge of the two
 softmaxes), computed with the model's own rotary embedding, activation and RMSNorms (the
 latter two as one kernel call each for transformers' SiLU and Llama/Qwen2 norms where the
-blocked kernel runs: ``blocked_products.silu_mul``, ``rms_norm``). Where it does not apply
+blocked kernel runs: ``blocked_matmul.silu_mul``, ``rms_norm``). Where it does not apply
 (another architecture, sliding-window attention, adapters that are not routed LoRA, GPU,
 other dtypes), :func:`llama_decode_supported` says so and the caller keeps transformers'
 forward.
@@ -37,17 +37,17 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from magrpo.blocked_products import (
-    BlockedProduct,
+from magrpo.speedups.blocked_matmul import (
+    BlockedMatmul,
     blockable,
-    blocked_products_pay,
+    blocked_matmul_pays,
     norm_weight_supported,
     rms_norm,
     silu_mul,
 )
-from magrpo.decode_attention import DecodeAttention, decode_attention_supported
-from magrpo.heap import release_free_heap
-from magrpo.onednn import inner_product, onednn_available, onednn_supports, pack_weight
+from magrpo.speedups.decode_attention import DecodeAttention, decode_attention_supported
+from magrpo.speedups.heap import release_free_heap
+from magrpo.speedups.onednn import inner_product, onednn_available, onednn_supports, pack_weight
 
 _ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -106,7 +106,7 @@ def _owns_memory(weight: torch.Tensor) -> bool:
 class _FusedProduct:
     """Linear layers that read the same input, as one product plus their adapters.
 
-    The product is :class:`BlockedProduct` where it pays (``blocked_products``), else
+    The product is :class:`BlockedMatmul` where it pays (``blocked_matmul``), else
     oneDNN's on a packed copy. ``lend``: the layers' own weights give their memory up to
     the product until :meth:`give_back` (weights that share their memory with other
     tensors keep it): blocked in place, or freed while their packed copy lives.
@@ -145,8 +145,8 @@ class _FusedProduct:
             )
         # last: once weights are lent, nothing may fail before the caller holds the product
         lent = [lend and _owns_memory(w) for w in weights]
-        if blocked_products_pay(rows) and blockable(weights):
-            self.product = BlockedProduct(weights, bias, in_place=lent)
+        if blocked_matmul_pays(rows) and blockable(weights):
+            self.product = BlockedMatmul(weights, bias, in_place=lent)
         else:
             self.product = _PackedProduct(weights, rows, bias, lent)
 
@@ -192,7 +192,7 @@ class _PackedProduct:
 
 def _norm(module: torch.nn.Module, rows: int):
     """The decode step's ``module(x)``: transformers' own RMSNorm of Llama or Qwen2 in one
-    kernel call where the blocked kernel runs (``blocked_products.rms_norm``, the same
+    kernel call where the blocked kernel runs (``blocked_matmul.rms_norm``, the same
     arithmetic), else the module."""
     weight = getattr(module, "weight", None)
     if (
@@ -201,7 +201,7 @@ def _norm(module: torch.nn.Module, rows: int):
         and isinstance(getattr(module, "variance_epsilon", None), float)
         and weight is not None
         and norm_weight_supported(weight)
-        and blocked_products_pay(rows)
+        and blocked_matmul_pays(rows)
     ):
         return functools.partial(rms_norm, weight=weight.detach(), eps=module.variance_epsilon)
     return module
@@ -215,14 +215,14 @@ def _gated(act_fn, hidden: torch.Tensor) -> torch.Tensor:
 def _activation(mlp: torch.nn.Module, rows: int, dtype: torch.dtype):
     """The decode step's ``act_fn(gate) * up`` of the fused gate/up product's rows: in one
     kernel call for transformers' SiLU where the blocked kernel runs
-    (``blocked_products.silu_mul``), else the model's own activation."""
+    (``blocked_matmul.silu_mul``), else the model's own activation."""
     act_fn = mlp.act_fn
     if (
         type(act_fn).__name__ in ("SiLUActivation", "SiLU")
         and type(act_fn).__module__ in ("transformers.activations", "torch.nn.modules.activation")
         and "forward" not in vars(act_fn)
         and dtype == torch.float32
-        and blocked_products_pay(rows)
+        and blocked_matmul_pays(rows)
     ):
         return silu_mul
     return functools.partial(_gated, act_fn)
@@ -288,7 +288,7 @@ class LlamaDecodeStep:
 
         def attention(layer, cached):
             """The layer's attention: by the kernel where it runs the products too."""
-            kernel = blocked_products_pay(rows) and decode_attention_supported(
+            kernel = blocked_matmul_pays(rows) and decode_attention_supported(
                 cached.keys, cached.values
             )
             return (DecodeAttention if kernel else _TorchAttention)(
