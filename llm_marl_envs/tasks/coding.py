@@ -34,6 +34,7 @@ from ..rewards.coding import (
     coding_feedback,
     score_coding,
 )
+from ..sandbox.checks import parse_python
 from ..task import Evaluation, Task
 
 CONTRACT = (
@@ -73,7 +74,7 @@ class ProblemText:
 def problem_text(prompt: str, entry_point: str) -> ProblemText:
     """Split a HumanEval-style prompt into the entry point's signature, docstring and context."""
     try:
-        tree = ast.parse(prompt)
+        tree = parse_python(prompt)
     except SyntaxError as error:
         raise DataFormatError(
             f"The prompt of the problem with entry point {entry_point!r} is not valid Python "
