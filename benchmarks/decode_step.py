@@ -17,7 +17,7 @@ shape and tokenizer (no Qwen2 checkpoint is available offline): the speed of a d
 depends on the shapes, not on the weights' values. ``--against one-at-a-time`` (full
 fine-tuning: one model per agent) measures instead the two models decoding side by side,
 one share of the threads each (``magrpo/speedups/threads.py``), against one model after the other
-(``Policies.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
+(``AutoSpeedups.side_by_side`` off), both with the fused step. ``--against onednn`` measures the
 fused step's products by the blocked kernel (``magrpo/speedups/blocked_matmul.py``) against
 oneDNN's on packed weights. ``--against module-norms`` measures the step's RMSNorms in one
 kernel call each (``blocked_matmul.rms_norm``) against transformers' modules. ``--against
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-import magrpo.policies as policies_module
+import magrpo.speedups.auto as auto_speedups
 import magrpo.speedups.llama_decode as llama_decode
 from magrpo.models import resolve_model
 from magrpo.policies import SamplingParams, load_policies
@@ -53,7 +53,7 @@ PROMPTS = [
 # The old way each ``--against`` measures: (module, function, its replacement). The new way
 # is the functions as they are.
 OLD_WAYS = {
-    "transformers": (policies_module, "llama_decode_supported", lambda *_, **__: False),
+    "transformers": (auto_speedups, "llama_decode_supported", lambda *_, **__: False),
     "onednn": (llama_decode, "blocked_matmul_pays", lambda rows: False),
     "module-norms": (llama_decode, "_norm", lambda module, rows: module),
     "torch-attention": (llama_decode, "decode_attention_supported", lambda *_: False),
@@ -147,7 +147,7 @@ def main() -> None:
         def sample(new: bool) -> float:
             """One ``sample`` call: the new way (fused step, models side by side, the decode
             kernels where they pay) or the old way of ``--against``."""
-            policies.side_by_side = new or args.against != "one-at-a-time"
+            policies.speedups.side_by_side = new or args.against != "one-at-a-time"
             if replaced is not None:
                 setattr(module, name, original if new else old_way)
             started = time.perf_counter()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from magrpo.speedups import SPEEDUP_MODES
+
 JOINT_MODES = ("aligned", "cross")
 #: Advantage estimators whose baseline comes from the group: meaningless with group_size 1.
 GROUP_BASELINES = ("magrpo", "rloo", "remax")
@@ -25,6 +27,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 GENERATION_BACKENDS = ("hf", "vllm")
 CPU_HEAP_POLICIES = ("auto", "keep", "release")
+
+#: The memory options of ``magrpo.speedups`` (they need ``speedups="auto"``).
+MEMORY_OPTIONS = ("gradient_checkpointing", "reuse_sampled_states", "optimizer_in_backward")
 
 
 class ConfigError(ValueError):
@@ -209,33 +214,6 @@ class MAGRPOConfig:
             "group_size runs each group's shared prompt once."
         ),
     )
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata=_help(
-            "Keep only each decoder layer's input for backward and run the layer again there: "
-            "much less memory in the update, for one more forward of the model. Either memory "
-            "option also lends the weights to their packed decode copies while sampling."
-        ),
-    )
-    reuse_sampled_states: bool = field(
-        default=False,
-        metadata=_help(
-            "Start the update from every decoder layer's input as sampling computed it and "
-            "run its backward one layer at a time from the top: the memory of "
-            "--gradient-checkpointing without its second forward. Gradients equal the "
-            "ordinary pass's up to float rounding. Llama/Qwen2 models sampled on CPU, first "
-            "update epoch; elsewhere the ordinary pass runs."
-        ),
-    )
-    optimizer_in_backward: bool = field(
-        default=False,
-        metadata=_help(
-            "Step each weight inside the backward, as soon as its gradient is complete, and "
-            "free that gradient: no model-sized gradient buffer (the log-prob pass then runs "
-            "prompts and completions through the layers in turn). Needs max_grad_norm None "
-            "and one process; saves memory when a model's samples fit one micro-batch."
-        ),
-    )
     seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
     generation_backend: str = field(
         default="hf",
@@ -274,6 +252,18 @@ class MAGRPOConfig:
     env_workers: int = field(
         default=8, metadata=_help("Threads stepping branched env copies concurrently.")
     )
+    progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
+
+    # Speed and memory ----------------------------------------------------------------------
+    speedups: str = field(
+        default="auto",
+        metadata=_help(
+            "'auto': every speed-up of magrpo.speedups where it applies (fused CPU decode "
+            "step, oneDNN products, chunked output layer, ...; same results up to float "
+            "rounding); 'off': plain transformers + peft + torch. The memory options below "
+            "need 'auto'."
+        ),
+    )
     torch_threads: int | None = field(
         default=None, metadata=_help("torch.set_num_threads (None: torch's default).")
     )
@@ -295,7 +285,33 @@ class MAGRPOConfig:
             "decode weights are held at once instead of one model's)."
         ),
     )
-    progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=_help(
+            "Keep only each decoder layer's input for backward and run the layer again there: "
+            "much less memory in the update, for one more forward of the model. Every memory "
+            "option also lets sampling's packed decode weights take the weights' memory."
+        ),
+    )
+    reuse_sampled_states: bool = field(
+        default=False,
+        metadata=_help(
+            "Start the update from every decoder layer's input as sampling computed it and "
+            "run its backward one layer at a time from the top: the memory of "
+            "--gradient-checkpointing without its second forward. Gradients equal the "
+            "ordinary pass's up to float rounding. Llama/Qwen2 models sampled on CPU, first "
+            "update epoch; elsewhere the ordinary pass runs."
+        ),
+    )
+    optimizer_in_backward: bool = field(
+        default=False,
+        metadata=_help(
+            "Step each weight inside the backward, as soon as its gradient is complete, and "
+            "free that gradient: no model-sized gradient buffer (the log-prob pass then runs "
+            "prompts and completions through the layers in turn). Needs max_grad_norm None "
+            "and one process; saves memory when a model's samples fit one micro-batch."
+        ),
+    )
 
     # ---------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -336,6 +352,7 @@ class MAGRPOConfig:
             "dtype": DTYPES,
             "generation_backend": GENERATION_BACKENDS,
             "cpu_heap": CPU_HEAP_POLICIES,
+            "speedups": SPEEDUP_MODES,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -364,6 +381,14 @@ class MAGRPOConfig:
                 "set max_grad_norm to None (--max-grad-norm none) or turn "
                 "optimizer_in_backward off."
             )
+        if self.speedups == "off":
+            asked = [f"--{n.replace('_', '-')}" for n in MEMORY_OPTIONS if getattr(self, n)]
+            asked += ["--cpu-heap keep"] if self.cpu_heap == "keep" else []
+            if asked:
+                raise ConfigError(
+                    f"{', '.join(asked)} are memory options of magrpo.speedups, but --speedups "
+                    "is off (plain transformers + peft + torch): use --speedups auto, or drop them."
+                )
         if self.max_steps is None and self.num_epochs is None:
             raise bad("max_steps", None, "a step count, or set num_epochs")
         if self.max_steps is not None and self.max_steps < 1:

@@ -251,7 +251,7 @@ def load_trained(settings: EvalSettings, agents: list[str]):
         use_chat_template=use_chat,
     )
     for agent in agents:
-        adapter = policies.backend_of[agent].adapter[agent]
+        adapter = policies.model_of[agent].adapter[agent]
         saved = load_peft_weights(str(source.folders[agent]), device="cpu")
         params = policies.named_trainable_parameters(agent)
         renamed = {

@@ -24,7 +24,6 @@ Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -59,11 +58,7 @@ from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
 from magrpo.policies import Policies, SamplingParams, load_policies
 from magrpo.rollout import Completion, RolloutResult, run_rollout
-from magrpo.speedups.activation_checkpointing import CheckpointingUnsupported, decoder_layers
-from magrpo.speedups.heap import keep_freed_memory, release_free_heap
-from magrpo.speedups.llama_decode import separate_weights
-from magrpo.speedups.optimizer_in_backward import BackwardSteps
-from magrpo.speedups.sampled_states import StateStore
+from magrpo.speedups import Speedups, load_speedups
 
 logger = logging.getLogger(__name__)
 
@@ -225,30 +220,16 @@ class MAGRPOTrainer:
             from magrpo.vllm_sampler import import_vllm
 
             import_vllm()
+        self.speedups = _speedups(config)
+        self.speedups.check_config(
+            config, self.parallel.world_size, getattr(self.accelerator, "scaler", None) is not None
+        )
         set_seed(config.seed)
         self.model_paths: list[str] = []  # filled when the trainer loads the models itself
+        if policies is not None:
+            policies.speedups = self.speedups  # ready-made policies run with this config's
         self.policies = policies or self._load_policies(model_resolver)
-        self.policies.side_by_side = config.sample_side_by_side
-        self.saving_memory = (
-            config.gradient_checkpointing
-            or config.reuse_sampled_states
-            or config.optimizer_in_backward
-        )
-        if self.saving_memory:
-            # sampling too: the weights give their memory to their packed decode copies
-            # (CPU: the fused decode step that packs them runs there only)
-            for backend in self.policies.backends:
-                if backend.device.type == "cpu":
-                    separate_weights(backend.model)
-            self.policies.lend_decode_weights = True
-        if config.gradient_checkpointing:
-            for backend in self.policies.backends:
-                try:
-                    decoder_layers(backend.model)
-                except CheckpointingUnsupported as error:
-                    raise ConfigError(str(error)) from None
-            self.policies.gradient_checkpointing = True
-        missing = [a for a in self.agents if a not in self.policies.backend_of]
+        missing = [a for a in self.agents if a not in self.policies.model_of]
         if missing:
             raise ConfigError(
                 f"The given policies have no model for agent(s) {missing}; the env's agents are "
@@ -269,29 +250,7 @@ class MAGRPOTrainer:
             )
             for agent in self.agents
         }
-        self.backward_steps = {}
-        if config.optimizer_in_backward:
-            if self.parallel.world_size > 1:
-                raise ConfigError(
-                    f"optimizer_in_backward steps each weight inside the backward, before the "
-                    f"{self.parallel.world_size} processes could sum its gradient: turn it off "
-                    "for data-parallel training (or train in one process)."
-                )
-            if getattr(self.accelerator, "scaler", None) is not None:
-                raise ConfigError(
-                    "optimizer_in_backward steps each weight with the gradient as backward "
-                    "makes it, but accelerate's float16 mixed precision scales the loss and "
-                    "unscales the gradients only before a whole-model step: launch without "
-                    "--mixed_precision fp16, or turn optimizer_in_backward off."
-                )
-            self.backward_steps = {
-                agent: BackwardSteps(getattr(optimizer, "optimizer", optimizer))
-                for agent, optimizer in self.optimizers.items()
-            }
-            # each layer's gradients complete (and are stepped and freed) in turn
-            self.policies.passes_in_turn = True
-        if _keeps_freed_memory(config.cpu_heap, self.policies, self.saving_memory):
-            keep_freed_memory()  # after loading: the load's temporaries still go back
+        self.speedups.prepare_run(self.policies, self.optimizers)
         self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
         num_items = getattr(env, "num_items", None)
         self.data_order = DataOrder(
@@ -343,6 +302,7 @@ class MAGRPOTrainer:
             need_reference=config.kl_coef > 0,
             device=self.accelerator.device,
             agent_devices=self._agent_devices(),
+            speedups=self.speedups,
         )
 
     def _agent_devices(self) -> list[torch.device] | None:
@@ -427,12 +387,10 @@ class MAGRPOTrainer:
         """Sample the rollout trees of this process's share of ``prompts_per_step`` episodes.
 
         Each tree's randomness is seeded by its episode's reset seed, so the samples of an
-        episode are the same whatever the batch and the number of processes. With
-        ``reuse_sampled_states``, sampling records every layer's input for the update to
-        start from.
+        episode are the same whatever the batch and the number of processes.
         """
         config = self.config
-        self.policies.sampled_states = StateStore() if config.reuse_sampled_states else None
+        self.speedups.rollout_started()
         items = [self.data_order.next() for _ in range(config.prompts_per_step)]
         items = self.parallel.shard(items)
         root_envs, root_observations = self._reset_roots(self.env, items)
@@ -476,7 +434,7 @@ class MAGRPOTrainer:
         runs each distinct prompt once (see Policies.logprobs)."""
         size = self.config.micro_batch_size
         models = []
-        for key, backend in enumerate(self.policies.backends):
+        for key, loaded in enumerate(self.policies.models):
             ordered = sorted(
                 (s for s in samples if self.policies.group_key(s.agent) == key),
                 key=lambda s: (
@@ -487,7 +445,7 @@ class MAGRPOTrainer:
                 ),
             )
             batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
-            models.append(([a for a in self.agents if a in backend.agents], batches))
+            models.append(([a for a in self.agents if a in loaded.agents], batches))
         return models
 
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -519,7 +477,7 @@ class MAGRPOTrainer:
             for m, (agents, batches) in enumerate(models):
                 for b, batch in enumerate(batches):
                     key = (m, b)
-                    self._between_phases()
+                    self.speedups.before_pass()
                     current = self.policies.logprobs(
                         [s.completion for s in batch], temperature=temperature
                     )
@@ -550,10 +508,8 @@ class MAGRPOTrainer:
                         loss = loss + agent_loss
                         if epoch == 0:
                             metrics[f"loss/{agent}"] += float(agent_loss.detach())
-                    # with optimizer_in_backward, a model's last backward steps its weights
-                    last = b == len(batches) - 1
-                    self._between_phases()
-                    with self._stepping_in_backward(agents) if last else contextlib.nullcontext():
+                    self.speedups.before_pass()
+                    with self.speedups.backward(agents, last=b == len(batches) - 1):
                         self.accelerator.backward(loss)
                     if epoch == 0:
                         metrics["loss"] += float(loss.detach())
@@ -564,7 +520,7 @@ class MAGRPOTrainer:
                     norm = self._optimizer_step(agent)
                     if epoch == 0 and norm is not None:
                         metrics[f"grad_norm/{agent}"] = norm
-            self.policies.sampled_states = None  # the weights have changed
+            self.speedups.weights_changed()
         if self.vllm is not None:
             self.vllm.sync()  # vLLM samples the next rollout with the updated adapters
         # per-process partial sums -> global values (grad norms are already global)
@@ -576,22 +532,6 @@ class MAGRPOTrainer:
             metrics["kl"] = kl_sum / kl_tokens
         metrics["trained_sequences"] = trained
         return dict(metrics)
-
-    def _between_phases(self) -> None:
-        """When the run saves memory, the heap's free pages go back to the OS before each
-        log-prob pass and each backward: freed memory that glibc keeps (sampling's packed
-        copies, the forward's temporaries) would otherwise stay resident under the next
-        phase's new allocations (0.1-0.25 GiB of the peak, docs/benchmarks.md). A no-op when
-        the process keeps its freed memory."""
-        if self.saving_memory:
-            release_free_heap()
-
-    def _stepping_in_backward(self, agents: list[str]) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        for agent in agents:
-            if agent in self.backward_steps:
-                stack.enter_context(self.backward_steps[agent].armed())
-        return stack
 
     def _optimizer_step(self, agent: str) -> float | None:
         """Sum the agent's gradients over processes, clip, step; returns the norm (if clipped)."""
@@ -832,18 +772,6 @@ class MAGRPOTrainer:
             self.vllm.close()
 
 
-def _keeps_freed_memory(policy: str, policies: Policies, saving_memory: bool = False) -> bool:
-    """``cpu_heap``: "auto" keeps freed memory when a CPU model is fully fine-tuned, whose
-    gradients and packed weights are re-allocated every step (see ``magrpo.speedups.heap``), unless
-    the run trades time for memory (``saving_memory``: gradient checkpointing or the
-    optimizer in backward), whose savings a kept heap would hide: it grows to the high-water
-    mark of its fragmented free space (4.9 GiB instead of 4.4, docs/benchmarks.md)."""
-    on_cpu = [backend for backend in policies.backends if backend.device.type == "cpu"]
-    if policy == "auto":
-        return not saving_memory and any(backend.mode == "full" for backend in on_cpu)
-    return policy == "keep" and bool(on_cpu)
-
-
 def _adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float):
     """AdamW, fused where torch has the kernel: one pass over each tensor, no model-sized
     temporaries. Measured on SmolLM2-135M fully fine-tuned, CPU, one thread: the default
@@ -851,6 +779,19 @@ def _adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float):
     the fused one adds nothing and takes 0.16 s."""
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def _speedups(config: MAGRPOConfig) -> Speedups:
+    if config.speedups == "off":
+        return load_speedups("off")
+    return load_speedups(
+        "auto",
+        side_by_side=config.sample_side_by_side,
+        gradient_checkpointing=config.gradient_checkpointing,
+        reuse_sampled_states=config.reuse_sampled_states,
+        optimizer_in_backward=config.optimizer_in_backward,
+        cpu_heap=config.cpu_heap,
+    )
 
 
 def _progress_bar(enabled: bool, total: int, initial: int):

@@ -46,7 +46,7 @@ from magrpo.policies import completion_from_ids
 from magrpo.rollout import Completion
 
 if TYPE_CHECKING:
-    from magrpo.policies import Policies, SamplingParams, _Backend
+    from magrpo.policies import LoadedModel, Policies, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class VLLMSampler:
         **engine_kwargs: Any,
     ):
         # The mode check comes first: it is a configuration error on any machine.
-        self.backend: _Backend = _shared_lora_backend(policies)
+        self.backend: LoadedModel = _shared_lora_backend(policies)
         self._api = import_vllm()
         self.policies = policies
         self.agents = list(self.backend.agents)
@@ -315,8 +315,8 @@ def _vllm_seed(seed: int, n: int) -> int:
     return int(seed) % (_INT64_MAX - n)
 
 
-def _shared_lora_backend(policies: Policies) -> _Backend:
-    backends = policies.backends
+def _shared_lora_backend(policies: Policies) -> LoadedModel:
+    backends = policies.models
     if len(backends) == 1 and backends[0].mode == "shared_lora":
         return backends[0]
     found = "; ".join(f"{b.mode} for {', '.join(b.agents)}" for b in backends)
@@ -364,7 +364,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _vllm_max_lora_rank(backend: _Backend) -> int:
+def _vllm_max_lora_rank(backend: LoadedModel) -> int:
     ranks = []
     for name in backend.adapter.values():
         config = backend.model.peft_config[name]
@@ -379,7 +379,7 @@ def _vllm_max_lora_rank(backend: _Backend) -> int:
     )
 
 
-def _warn_if_other_base(backend: _Backend, model_path: str) -> None:
+def _warn_if_other_base(backend: LoadedModel, model_path: str) -> None:
     """vLLM would silently apply the adapters to whatever base it is given: say so if it differs."""
     config = next(iter(backend.model.peft_config.values()))
     base = getattr(config, "base_model_name_or_path", None)

@@ -194,7 +194,7 @@ def policies_to_compare(model_path: str, finetune: str):
     agents = ["alice"] if finetune == "full" else ["alice", "bob"]
     policies = load_policies(agents, [model_path] * len(agents), finetune=finetune)
     with torch.no_grad():
-        for name, param in policies.backends[0].model.named_parameters():
+        for name, param in policies.models[0].model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.3)
     return policies, agents
@@ -203,7 +203,7 @@ def policies_to_compare(model_path: str, finetune: str):
 def completions_of_two_prompts(policies, agents: list[str]) -> list[Completion]:
     """Three completions of two prompts, ``agents[0]``'s and ``agents[-1]``'s, of different
     lengths (one ends with EOS): a log-prob batch with padding and a shared prompt."""
-    eos = policies.backends[0].tokenizer.eos_token_id
+    eos = policies.models[0].tokenizer.eos_token_id
     prompts = [
         policies.encode_prompt(agents[0], "say words"),
         policies.encode_prompt(agents[-1], "a task"),

@@ -21,7 +21,7 @@ def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
 
 def _pass(policies, completions, checkpointing: bool):
     """Log-probs, gradients and the bytes autograd saved for backward, in one pass."""
-    policies.gradient_checkpointing = checkpointing
+    policies.speedups.gradient_checkpointing = checkpointing
     saved = []
 
     def pack(tensor):
@@ -31,7 +31,7 @@ def _pass(policies, completions, checkpointing: bool):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         batch = policies.logprobs(completions)
     params = {
-        n: p for b in policies.backends for n, p in b.model.named_parameters() if p.requires_grad
+        n: p for b in policies.models for n, p in b.model.named_parameters() if p.requires_grad
     }
     for param in params.values():
         param.grad = None
@@ -56,11 +56,11 @@ def test_checkpointed_pass_equals_the_plain_one(tiny_model_path, finetune):
 
 def test_reference_pass_without_gradients_is_not_checkpointed(tiny_model_path):
     policies = load_policies(["alice", "bob"], [tiny_model_path] * 2)
-    policies.gradient_checkpointing = True
+    policies.speedups.gradient_checkpointing = True
     completions = completions_of_two_prompts(policies, ["alice", "bob"])
     reference = policies.logprobs(completions, reference=True)
     assert reference.logprobs.grad_fn is None
-    policies.gradient_checkpointing = False
+    policies.speedups.gradient_checkpointing = False
     torch.testing.assert_close(
         policies.logprobs(completions, reference=True).logprobs, reference.logprobs
     )

@@ -28,9 +28,9 @@ def _backward(batch):
 
 def _pass(policies, completions, in_turn: bool):
     """Log-probs and gradients of one pass."""
-    policies.passes_in_turn = in_turn
+    policies.speedups.passes_in_turn = in_turn
     params = {
-        n: p for b in policies.backends for n, p in b.model.named_parameters() if p.requires_grad
+        n: p for b in policies.models for n, p in b.model.named_parameters() if p.requires_grad
     }
     for param in params.values():
         param.grad = None
@@ -45,7 +45,7 @@ def test_passes_in_turn_compute_what_the_passes_one_after_the_other_do(
     tiny_model_path, finetune, checkpointing
 ):
     policies, agents = policies_to_compare(tiny_model_path, finetune)
-    policies.gradient_checkpointing = checkpointing
+    policies.speedups.gradient_checkpointing = checkpointing
     completions = completions_of_two_prompts(policies, agents)
     logprobs, grads = _pass(policies, completions, in_turn=False)
     in_turn, in_turn_grads = _pass(policies, completions, in_turn=True)
@@ -65,8 +65,8 @@ def test_each_layer_s_weights_complete_before_the_backward_leaves_the_layer(
     Run in turn, every layer's weights are complete before the completions' gradient leaves
     the layer."""
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
-    policies.passes_in_turn = in_turn
-    layers = decoder_layers(policies.backends[0].model)
+    policies.speedups.passes_in_turn = in_turn
+    layers = decoder_layers(policies.models[0].model)
     completions = completions_of_two_prompts(policies, ["alice"])
     events = []
 
@@ -103,7 +103,7 @@ def test_other_decoders_run_the_passes_one_after_the_other(tiny_model_path):
     """Only a forward known to be the layers then the final norm runs in turn, and only on
     full-attention caches: the completions' mask is sized from the first layer's entry."""
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
-    network, _ = policies.backends[0].split(policies.backends[0].model)
+    network, _ = policies.speedups.split(policies.models[0], policies.models[0].model)
     assert new_cache(network) is not None
     architecture, network.config.model_type = network.config.model_type, "gemma"
     assert new_cache(network) is None

@@ -9,10 +9,10 @@ from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pyt
 import magrpo.speedups.llama_decode as llama_decode
 from magrpo.policies import (
     SamplingParams,
-    _last_position_pass,
-    _output_cache,
-    _position_ids,
+    last_position_pass,
     load_policies,
+    output_cache,
+    position_ids,
 )
 from magrpo.speedups import blocked_matmul
 from magrpo.speedups.decode_attention import DecodeAttention
@@ -40,7 +40,7 @@ def policies(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
     torch.manual_seed(0)
     loaded = load_policies(AGENTS, [tiny_model_path_per_architecture] * 2)
     with torch.no_grad():  # adapters that change the logits, differently per agent
-        for name, param in loaded.backends[0].model.named_parameters():
+        for name, param in loaded.models[0].model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.3)
     return loaded
@@ -49,26 +49,26 @@ def policies(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
 def _prefilled_step(policies, prompts):
     """A LlamaDecodeStep after the prefill of ``prompts`` (GROUP rows each), as ``sample``
     builds it, and the first step's inputs."""
-    backend = policies.backends[0]
-    network, head = backend.split(backend.model)
+    backend = policies.models[0]
+    network, head = policies.speedups.split(backend, backend.model)
     ids, mask, _ = backend.pad_batch(prompts)
     agents = [agent for agent, _ in PROMPTS]
     row_adapters = [backend.adapter[a] for a in agents for _ in range(GROUP)]
     assert llama_decode_supported(network, head, mask[:, :-1], backend.router)
     with torch.inference_mode(), backend.routed(agents):
-        prefix = _output_cache(_last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
+        prefix = output_cache(last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
     step = LlamaDecodeStep(
         network, head, prefix, mask[:, :-1], GROUP, 8, backend.router, row_adapters
     )
     last = ids[:, -1:].repeat_interleave(GROUP, dim=0)
-    positions = _position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
+    positions = position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
     return step, last, positions
 
 
 def _reference_logits(policies, prompts, fed):
     """transformers' forward of prompt + tokens fed so far, row by row, through peft's own
     active adapter, without padding or cache: the last position's logits [rows, V]."""
-    backend = policies.backends[0]
+    backend = policies.models[0]
     logits = []
     for row in range(len(fed)):
         agent, _ = PROMPTS[row // GROUP]
@@ -83,10 +83,10 @@ def _decode(policies, steps=4):
     """Runs the fused step ``steps`` times on fixed random tokens: (fused, fed tokens)."""
     prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
     step, ids, positions = _prefilled_step(policies, prompts)
-    vocab = policies.backends[0].model.config.vocab_size
+    vocab = policies.models[0].model.config.vocab_size
     fed = [[prompts[row // GROUP][-1]] for row in range(len(ids))]
     fused = []
-    backend = policies.backends[0]
+    backend = policies.models[0]
     agents = [agent for agent, _ in PROMPTS for _ in range(GROUP)]
     with torch.inference_mode(), backend.routed(agents):
         for _ in range(steps):
@@ -130,7 +130,7 @@ def test_fused_step_in_bfloat16_differs_by_rounding_only(policies):
     float32; the fused step's error against float32 stays of the size of transformers' own."""
     torch.manual_seed(1)
     _, exact = _decode(policies)  # transformers in float32
-    policies.backends[0].model.to(torch.bfloat16)
+    policies.models[0].model.to(torch.bfloat16)
     torch.manual_seed(1)
     fused, references = _decode(policies)
     for got, reference, truth in zip(fused, references, exact, strict=True):
@@ -157,8 +157,8 @@ def test_unsupported_models_keep_the_transformers_forward(
     policies,
     tiny_model_path_per_architecture,  # noqa: F811
 ):
-    backend = policies.backends[0]
-    network, head = backend.split(backend.model)
+    backend = policies.models[0]
+    network, head = policies.speedups.split(backend, backend.model)
     prompts = [policies.encode_prompt(agent, text) for agent, text in PROMPTS]
     _, mask, _ = backend.pad_batch(prompts)
     prefix_mask = mask[:, :-1]
@@ -173,8 +173,8 @@ def test_unsupported_models_keep_the_transformers_forward(
     assert not llama_decode_supported(network, head, padded, backend.router)
     # full fine-tuning: a plain model, no adapters
     full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
-    model = full.backends[0].model
-    network, head = full.backends[0].split(model)
+    model = full.models[0].model
+    network, head = full.speedups.split(full.models[0], model)
     assert llama_decode_supported(network, head, prefix_mask, None)
     # another architecture
     architecture, network.config.model_type = network.config.model_type, "mistral"
@@ -193,20 +193,20 @@ def test_unsupported_models_keep_the_transformers_forward(
 def full_model(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
     """A fully fine-tuned model's policies, its weights each on memory of its own."""
     full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
-    separate_weights(full.backends[0].model)
+    separate_weights(full.models[0].model)
     return full
 
 
 def _full_step(policies, lend: bool):
     """A decode step (GROUP rows of one prompt) of a fully fine-tuned model, its inputs."""
-    backend = policies.backends[0]
-    network, head = backend.split(backend.model)
+    backend = policies.models[0]
+    network, head = policies.speedups.split(backend, backend.model)
     ids, mask, _ = backend.pad_batch([policies.encode_prompt(AGENTS[0], "say words")])
     with torch.inference_mode():
-        prefix = _output_cache(_last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
+        prefix = output_cache(last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
     step = LlamaDecodeStep(network, head, prefix, mask[:, :-1], GROUP, 8, lend_weights=lend)
     last = ids[:, -1:].repeat_interleave(GROUP, dim=0)
-    positions = _position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
+    positions = position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
     return step, last, positions
 
 
@@ -224,7 +224,7 @@ def _lent(weight: torch.Tensor, before: torch.Tensor, kernel: str) -> bool:
 
 
 def test_lent_weights_decode_the_same_and_come_back_exactly(full_model, decode_kernel):
-    model = full_model.backends[0].model
+    model = full_model.models[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     logits = {}
     for lend in (False, True):
@@ -243,7 +243,7 @@ def test_lent_weights_decode_the_same_and_come_back_exactly(full_model, decode_k
 
 
 def test_weights_lent_before_packing_fails_come_back(full_model, decode_kernel, monkeypatch):
-    model = full_model.backends[0].model
+    model = full_model.models[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     # oneDNN packs each fused product once; the blocked kernel blocks each weight
     module, name, fail_at = (
@@ -272,7 +272,7 @@ def test_weights_that_share_their_memory_are_not_lent_until_separated(
     decode_kernel,
 ):
     full = load_policies(AGENTS[:1], [tiny_model_path_per_architecture], finetune="full")
-    model = full.backends[0].model
+    model = full.models[0].model
     weights = list(_layer_weights(model).values())
     shared = torch.cat([w.detach().reshape(-1) for w in weights])  # one buffer, as on load
     offset = 0
@@ -296,13 +296,13 @@ def test_weights_that_share_their_memory_are_not_lent_until_separated(
 
 
 def test_sampling_with_lent_weights_gives_the_same_completions(full_model):
-    model = full_model.backends[0].model
+    model = full_model.models[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     requests = [(AGENTS[0], "say words"), (AGENTS[0], "task")]
     samples = {}
     for lend in (False, True):
-        full_model.lend_decode_weights = lend
+        full_model.speedups.lend_decode_weights = lend
         samples[lend] = full_model.sample(requests, GROUP, params, seeds=[1, 2])
     assert [[c.completion_ids for c in r] for r in samples[True]] == [
         [c.completion_ids for c in r] for r in samples[False]

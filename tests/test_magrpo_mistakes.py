@@ -61,4 +61,4 @@ def test_a_turn_end_that_is_not_eos_becomes_a_stop_token(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="magrpo.policies"):
         policies = load_policies(["alice", "bob"], [str(path)] * 2)
     assert "'<unk>'" in caplog.text
-    assert tokenizer.convert_tokens_to_ids("<unk>") in policies.backends[0].eos_ids
+    assert tokenizer.convert_tokens_to_ids("<unk>") in policies.models[0].eos_ids

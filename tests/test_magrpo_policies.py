@@ -21,14 +21,14 @@ def policies(tiny_model_path):
     torch.manual_seed(0)
     loaded = load_policies(AGENTS, [tiny_model_path] * 2)
     with torch.no_grad():  # make the adapters non-trivial and different
-        for name, param in loaded.backends[0].model.named_parameters():
+        for name, param in loaded.models[0].model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.3)
     return loaded
 
 
 def test_shared_base_one_adapter_per_agent(policies):
-    assert len(policies.backends) == 1 and policies.backends[0].mode == "shared_lora"
+    assert len(policies.models) == 1 and policies.models[0].mode == "shared_lora"
     alice = policies.named_trainable_parameters("alice")
     bob = policies.named_trainable_parameters("bob")
     assert alice and bob and not set(alice) & set(bob)
@@ -40,7 +40,7 @@ def test_shared_base_one_adapter_per_agent(policies):
 def decode_path(request, monkeypatch):
     """Decode with the fused Llama step (the default here) or with transformers' forward."""
     if request.param == "transformers":
-        monkeypatch.setattr("magrpo.policies.llama_decode_supported", lambda *args: False)
+        monkeypatch.setattr("magrpo.speedups.auto.llama_decode_supported", lambda *args: False)
     return request.param
 
 
@@ -77,16 +77,16 @@ def test_models_sampled_side_by_side_draw_what_they_draw_alone(
 ):
     """Separate models (full fine-tuning) with seeds decode in worker threads, one torch
     thread each: the samples are those of each model sampled on its own."""
-    import magrpo.policies
+    import magrpo.speedups.auto
 
     torch.manual_seed(0)
     full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
     with torch.no_grad():  # two different models
-        next(full.backends[1].model.parameters()).add_(0.5)
+        next(full.models[1].model.parameters()).add_(0.5)
     calls = []
-    run = magrpo.policies.run_side_by_side
+    run = magrpo.speedups.auto.run_side_by_side
     monkeypatch.setattr(
-        magrpo.policies, "run_side_by_side", lambda jobs: calls.append(1) or run(jobs)
+        magrpo.speedups.auto, "run_side_by_side", lambda jobs: calls.append(1) or run(jobs)
     )
     hot = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
     requests = [("alice", "say words"), ("bob", "a longer task prompt here")]
@@ -105,19 +105,19 @@ def test_models_sampled_one_after_the_other_hold_one_decoding_state(tiny_model_p
     before the next model packs its own."""
     import weakref
 
-    import magrpo.policies
+    import magrpo.speedups.auto
 
     full = load_policies(AGENTS, [tiny_model_path] * 2, finetune="full")
-    full.side_by_side = False
+    full.speedups.side_by_side = False
     made, alive_before = [], []
 
-    class Recorded(magrpo.policies.LlamaDecodeStep):
+    class Recorded(magrpo.speedups.auto.LlamaDecodeStep):
         def __init__(self, *args, **kwargs):
             alive_before.append(sum(ref() is not None for ref in made))
             super().__init__(*args, **kwargs)
             made.append(weakref.ref(self))
 
-    monkeypatch.setattr(magrpo.policies, "LlamaDecodeStep", Recorded)
+    monkeypatch.setattr(magrpo.speedups.auto, "LlamaDecodeStep", Recorded)
     hot = SamplingParams(max_new_tokens=4, temperature=1.0)
     full.sample([("alice", "say words"), ("bob", "a task")], 2, hot, [1, 2])
     assert alive_before == [0, 0]
@@ -137,7 +137,7 @@ def test_shared_prefill_generation_equals_plain_generate(policies):
 def test_decoding_equals_transformers_generate_with_peft_adapter(policies):
     """Our decode loop (routed adapters, static cache, shared prefill) against the reference:
     ``generate`` on peft's own active adapter, one agent and one prompt at a time."""
-    backend = policies.backends[0]
+    backend = policies.models[0]
     greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
     requests = [("alice", "say words again"), ("bob", "task")]  # different prompt lengths
     ours = policies.sample(requests, 2, greedy)
@@ -161,7 +161,7 @@ def test_decoding_equals_transformers_generate_with_peft_adapter(policies):
 def test_logprobs_equal_a_plain_forward_with_peft_adapter(policies):
     """Shared prompt cache, routed adapters and the chunked output layer against a plain
     forward of prompt + completion through peft's active adapter and a log-softmax."""
-    backend = policies.backends[0]
+    backend = policies.models[0]
     eos = backend.tokenizer.eos_token_id
     prompts = [policies.encode_prompt("alice", "say"), policies.encode_prompt("bob", "a task")]
     completions = [
@@ -189,14 +189,14 @@ def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path, monke
     log-softmax."""
     from transformers import AutoModelForCausalLM
 
-    import magrpo.policies as agents
+    import magrpo.speedups.auto as agents
 
     lookups = []
     tied_lookup = agents.tied_lookup
     monkeypatch.setattr(agents, "tied_lookup", lambda *a: lookups.append(1) or tied_lookup(*a))
     full = load_policies(["alice"], [tiny_model_path], finetune="full")
-    model = full.backends[0].model
-    eos = full.backends[0].tokenizer.eos_token_id
+    model = full.models[0].model
+    eos = full.models[0].tokenizer.eos_token_id
     prompts = [full.encode_prompt("alice", "say words"), full.encode_prompt("alice", "task")]
     completions = [
         Completion("alice", "", prompts[0], [10, 11, 12, eos], True),
@@ -220,34 +220,36 @@ def test_full_fine_tuning_gradients_equal_a_plain_forward(tiny_model_path, monke
 
 
 def test_chunked_output_layer_gradients_match_full_logits(monkeypatch):
-    import magrpo.losses as losses
+    import magrpo.speedups.chunked_logprobs as chunked_logprobs
+    from magrpo.losses import token_logprobs
 
-    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # 3 rows per chunk
+    monkeypatch.setattr(chunked_logprobs, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # 3 rows per chunk
     torch.manual_seed(0)
     hidden = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (7,))
     assert torch.autograd.gradcheck(
-        lambda h, w: losses.linear_token_logprobs(h, w, targets), (hidden, weight)
+        lambda h, w: chunked_logprobs.linear_token_logprobs(h, w, targets), (hidden, weight)
     )
-    chunked = losses.linear_token_logprobs(hidden, weight, targets)
-    full = losses.token_logprobs(hidden @ weight.T, targets)
+    chunked = chunked_logprobs.linear_token_logprobs(hidden, weight, targets)
+    full = token_logprobs(hidden @ weight.T, targets)
     assert torch.allclose(chunked, full, atol=1e-6)
 
 
 def test_chunked_output_layer_in_bfloat16_stays_within_its_precision(monkeypatch):
     """Lower-precision weights: the logits' gradients are rounded to bfloat16 before the
     products, and each vocabulary slice's weight gradient is written in bfloat16."""
-    import magrpo.losses as losses
+    import magrpo.speedups.chunked_logprobs as chunked_logprobs
+    from magrpo.losses import token_logprobs
 
-    monkeypatch.setattr(losses, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # several slices
+    monkeypatch.setattr(chunked_logprobs, "LOGIT_CHUNK_ELEMENTS", 3 * 50)  # several slices
     torch.manual_seed(0)
     hidden = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (7,))
-    losses.token_logprobs(hidden @ weight.T, targets).sum().backward()
+    token_logprobs(hidden @ weight.T, targets).sum().backward()
     low = [t.detach().bfloat16().requires_grad_() for t in (hidden, weight)]
-    out = losses.linear_token_logprobs(*low, targets)
+    out = chunked_logprobs.linear_token_logprobs(*low, targets)
     assert out.dtype == torch.float32
     out.sum().backward()
     for have, want in zip(low, (hidden, weight), strict=True):
@@ -257,7 +259,7 @@ def test_chunked_output_layer_in_bfloat16_stays_within_its_precision(monkeypatch
 
 
 def test_chat_template_and_eos(policies):
-    tokenizer = policies.backends[0].tokenizer
+    tokenizer = policies.models[0].tokenizer
     prompt = policies.encode_prompt("alice", "say words")
     words = tokenizer.decode(prompt).split()
     assert words[:4] == ["<|im_start|>", "user", "say", "words"]
@@ -272,7 +274,7 @@ def test_chat_template_and_eos(policies):
 
 
 def test_batched_logprobs_equal_single_and_ignore_padding(policies):
-    eos = policies.backends[0].tokenizer.eos_token_id
+    eos = policies.models[0].tokenizer.eos_token_id
     prompts = [
         policies.encode_prompt("alice", "say"),
         policies.encode_prompt("bob", "task one two"),
@@ -329,13 +331,13 @@ def test_saved_adapters_load_with_peft(policies, tiny_model_path, tmp_path):
 def test_models_without_a_separable_output_layer_use_the_plain_forward(policies):
     """The fallback for models whose logits are not lm_head(decoder(x)) (forced here) gives
     the same samples and log-probs as the split path."""
-    backend = policies.backends[0]
+    backend = policies.models[0]
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     requests = [("alice", "say words"), ("bob", "a task")]
     completions = [group[0] for group in policies.sample(requests, 2, greedy)]
     split = policies.logprobs(completions)
-    assert backend.split(backend.model)[1] is not None
-    backend._splits[id(backend.model)] = (backend.model, None)
+    assert policies.speedups.split(backend, backend.model)[1] is not None
+    policies.speedups._splits[id(backend.model)] = (backend.model, None)
     assert [g[0] for g in policies.sample(requests, 2, greedy)] == completions
     plain = policies.logprobs(completions)
     assert torch.allclose(plain.logprobs * plain.mask, split.logprobs * split.mask, atol=1e-5)

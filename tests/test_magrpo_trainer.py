@@ -11,7 +11,8 @@ from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest 
 from magrpo.checkpoint import latest_checkpoint, list_checkpoints
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.rollout import Completion
-from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample, _keeps_freed_memory
+from magrpo.speedups.auto import keeps_freed_memory
+from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample
 
 
 def make_config(output_dir, model, **changes) -> MAGRPOConfig:
@@ -114,7 +115,7 @@ def test_one_agent_update_leaves_the_other_untouched(tmp_path, tiny_model_path):
     config = make_config(tmp_path / "iso", tiny_model_path)
     trainer = MAGRPOTrainer(config, WordGameEnv(), model_resolver=str)
     # LoRA on CPU gives freed memory back unless told to keep it (magrpo.speedups.heap)
-    assert [_keeps_freed_memory(p, trainer.policies) for p in ("auto", "keep", "release")] == [
+    assert [keeps_freed_memory(p, trainer.policies) for p in ("auto", "keep", "release")] == [
         False, True, False,
     ]  # fmt: skip
     before = trainable(trainer)
@@ -139,10 +140,10 @@ def test_full_finetune_cross_clip_kl(tmp_path, tiny_model_path):  # noqa: F811
         advantage="rloo", normalize_advantage_std=True, max_steps=2, eval_interval=0,
     )  # fmt: skip
     trainer, result = run(config)
-    assert len(trainer.policies.backends) == 2
-    assert _keeps_freed_memory("auto", trainer.policies)  # full fine-tuning keeps it
-    assert not _keeps_freed_memory("auto", trainer.policies, saving_memory=True)
-    assert not _keeps_freed_memory("release", trainer.policies)
+    assert len(trainer.policies.models) == 2
+    assert keeps_freed_memory("auto", trainer.policies)  # full fine-tuning keeps it
+    assert not keeps_freed_memory("auto", trainer.policies, saving_memory=True)
+    assert not keeps_freed_memory("release", trainer.policies)
     record = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["kl"] >= 0.0
     assert (tmp_path / "full" / "models" / "alice" / "config.json").is_file()
@@ -159,7 +160,7 @@ def test_models_sampled_side_by_side_train_as_one_at_a_time(tmp_path, tiny_model
             eval_interval=0, save_interval=0, torch_threads=2, sample_side_by_side=side_by_side,
         )  # fmt: skip
         trainer, _ = run(config)
-        assert trainer.policies.side_by_side is side_by_side
+        assert trainer.policies.speedups.side_by_side is side_by_side
         weights[side_by_side] = trainable(trainer)
     for agent, params in weights[True].items():
         for name, value in params.items():
@@ -181,9 +182,10 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
             gradient_checkpointing=saving, optimizer_in_backward=saving,
         )  # fmt: skip
         trainer, _ = run(config)
-        assert trainer.policies.gradient_checkpointing is saving
+        assert trainer.policies.speedups.gradient_checkpointing is saving
         assert bool(trainer.backward_steps) is saving
-        assert trainer.policies.passes_in_turn is trainer.policies.lend_decode_weights is saving
+        speedups = trainer.policies.speedups
+        assert speedups.passes_in_turn is speedups.lend_decode_weights is saving
         weights[saving] = trainable(trainer)
     for agent, params in weights[False].items():
         for name, value in params.items():
@@ -233,7 +235,7 @@ def test_reused_sampled_states_train_as_the_ordinary_pass(
         )  # fmt: skip
         calls.update({"from states": 0, "log-prob passes": 0})
         trainer, _ = run(config)
-        assert trainer.policies.sampled_states is None  # dropped after the first epoch
+        assert trainer.policies.speedups.sampled_states is None  # dropped after the first epoch
         passes = calls["log-prob passes"]
         assert passes >= 2 * epochs  # two agents, one micro-batch or more each
         assert calls["from states"] == (passes // epochs if reuse else 0)
@@ -327,7 +329,7 @@ def test_agent_devices_place_separate_models(tmp_path, tiny_model_path):  # noqa
     )  # fmt: skip
     trainer, result = run(config)
     assert result.steps == 1
-    for backend, device in zip(trainer.policies.backends, devices, strict=True):
+    for backend, device in zip(trainer.policies.models, devices, strict=True):
         assert {p.device for p in backend.model.parameters()} == {torch.device(device)}
     for agent, device in zip(trainer.agents, devices, strict=True):
         state = trainer.optimizers[agent].state_dict()["state"]
@@ -356,7 +358,7 @@ def test_heterogeneous_models_with_lora_and_kl(tmp_path, tiny_model_path):  # no
         max_steps=1, eval_interval=0, group_size=2,
     )  # fmt: skip
     trainer, _ = run(config)
-    assert [b.mode for b in trainer.policies.backends] == ["lora", "lora"]
+    assert [b.mode for b in trainer.policies.models] == ["lora", "lora"]
     record = json.loads((tmp_path / "het" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["kl"] >= 0.0
     for agent in ("alice", "bob"):

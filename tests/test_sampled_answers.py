@@ -24,7 +24,7 @@ def first_token_distribution(policies, prompt_ids, vocabulary, temperature):
 def test_tempered_logprobs_match_what_the_sampler_draws(tmp_path):
     torch.manual_seed(0)
     policies = load_policies(["alice", "bob"], [str(build_tiny_model(tmp_path / "tiny"))] * 2)
-    model = policies.backends[0].model
+    model = policies.models[0].model
     with torch.no_grad():  # a peaked distribution, so that T = 0.5 and T = 1 differ clearly
         model.get_output_embeddings().weight.mul_(40.0)
     (samples,) = policies.sample(
@@ -47,7 +47,7 @@ def test_temperature_one_is_the_models_own_distribution(tmp_path):
     policies = load_policies(["alice", "bob"], [str(build_tiny_model(tmp_path / "tiny"))] * 2)
     prompt_ids = policies.encode_prompt("alice", "say words")
     completion = Completion("alice", "", prompt_ids, [7, 8, 9], False)
-    model = policies.backends[0].model
+    model = policies.models[0].model
     with torch.no_grad():
         ours = policies.logprobs([completion]).logprobs[0]
         ids = torch.tensor([prompt_ids + [7, 8, 9]])
@@ -62,7 +62,7 @@ def test_answers_end_at_their_agents_stop_string(tmp_path):
     from magrpo.policies import completion_from_ids
 
     policies = load_policies(["alice", "bob"], [str(build_tiny_model(tmp_path / "tiny"))] * 2)
-    tokenizer = policies.backends[0].tokenizer
+    tokenizer = policies.models[0].tokenizer
     free = SamplingParams(12, 1.0)
     (plain,) = policies.sample([("alice", "say words")], 8, free, seeds=[3])
     stop_word = tokenizer.decode(plain[0].completion_ids[1:2]).strip()

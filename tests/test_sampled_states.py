@@ -24,7 +24,7 @@ def tiny_model_path(tiny_model_path_per_architecture):  # noqa: F811
 def _trainable(policies):
     return {
         name: param
-        for b in policies.backends
+        for b in policies.models
         for name, param in b.model.named_parameters()
         if param.requires_grad
     }
@@ -47,7 +47,7 @@ def _sampled(policies, agents):
     requests = [(agents[0], "say words"), (agents[-1], "a task with more words")]
     params = SamplingParams(max_new_tokens=10, temperature=100.0)
     for seed in range(0, 40, 2):
-        policies.sampled_states = StateStore()
+        policies.speedups.sampled_states = StateStore()
         groups = policies.sample(requests, 4, params, seeds=[seed, seed + 1])
         completions = [c for group in groups for c in group]
         if len({len(c.completion_ids) for c in completions}) > 1:
@@ -61,10 +61,10 @@ def test_the_pass_from_sampled_states_computes_what_the_ordinary_pass_does(
 ):
     policies, agents = policies_to_compare(tiny_model_path, finetune)
     completions = _sampled(policies, agents)
-    store = policies.sampled_states
+    store = policies.speedups.sampled_states
     assert store.find(completions) is not None
     from_states, grads_from_states = _pass(policies, completions)
-    policies.sampled_states = None
+    policies.speedups.sampled_states = None
     ordinary, grads = _pass(policies, completions)
     torch.testing.assert_close(from_states, ordinary, rtol=1e-5, atol=1e-5)
     assert grads.keys() == grads_from_states.keys() and grads
@@ -78,7 +78,7 @@ def test_the_backward_finishes_each_layer_before_running_the_one_below(tiny_mode
     (and, with the optimizer in backward, stepped and freed) before the next starts."""
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
     completions = _sampled(policies, ["alice"])
-    layers = policies.backends[0].model.model.layers
+    layers = policies.models[0].model.model.layers
     batch = policies.logprobs(completions)
     events = []
     handles = [
@@ -110,7 +110,7 @@ def test_completions_without_recorded_states_take_the_ordinary_pass(tiny_model_p
     policies = load_policies(["alice"], [tiny_model_path], finetune="full")
     completions = completions_of_two_prompts(policies, ["alice"])  # not sampled: no states
     expected = policies.logprobs(completions).logprobs.detach()
-    policies.sampled_states = StateStore()
+    policies.speedups.sampled_states = StateStore()
     with caplog.at_level(logging.WARNING, logger="magrpo.policies"):
         got = policies.logprobs(completions).logprobs.detach()
         policies.logprobs(completions)

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from magrpo.losses import linear_token_logprobs, token_logprobs
+from magrpo.losses import token_logprobs
+from magrpo.speedups.chunked_logprobs import linear_token_logprobs
 from magrpo.speedups.tied_weights import tied_gradient, tied_lookup
 
 

@@ -48,7 +48,7 @@ def policies(tiny_model_path):  # noqa: F811
 
 def check_conventions(policies, requests, groups, num_samples, max_new_tokens) -> None:
     """The Completion contract of Policies.sample."""
-    backend = policies.backends[0]
+    backend = policies.models[0]
     assert len(groups) == len(requests)
     for (agent, observation), group in zip(requests, groups, strict=True):
         assert len(group) == num_samples
@@ -329,7 +329,7 @@ def test_sampling_params_and_seeds(sampler, policies):
     assert [p.seed for p in call["params"]] == seeds
     for p in call["params"]:
         assert (p.n, p.temperature, p.top_p, p.top_k, p.max_tokens) == (4, 0.7, 0.9, -1, 6)
-        assert p.stop_token_ids == policies.backends[0].eos_ids
+        assert p.stop_token_ids == policies.models[0].eos_ids
     top_k = sampler.sample(REQUESTS[:1], 2, SamplingParams(6, temperature=1.0, top_k=5))
     assert len(top_k[0]) == 2 and FakeLLM.instances[0].calls[-1]["params"].top_k == 5
 

@@ -6,7 +6,7 @@ Zen 3, 2 threads) oneDNN's products on its packed weights stream 12-18 GB/s, whi
 sum streams 33-38 GB/s. ``csrc/blocked_matmul.cpp`` streams each 16-row block of a weight
 once, front to back, with the outputs in registers and the block prefetched ahead: 26-28
 GB/s at 1 to 4 rows, 1.1-1.6x oneDNN's speed at 1 to 32 rows
-(``benchmarks/decode_products.py``; docs/benchmarks.md, fix 32).
+(``benchmarks/decode_products.py``).
 
 Its weight layout ("blocked": each 16-row block transposed) is a permutation of the weight's
 own memory, so a weight that owns its memory is blocked in place, with no copy, and

@@ -12,7 +12,7 @@ on the smaller tensors.
 
 In bfloat16 (and float16) with gradients, the CPU flash kernel's backward is slow: 4.3-8.0
 ms per SmolLM2 layer call, where the batched products below, probabilities recomputed, take
-1.7-4.8 ms (the training pass's shapes, 2 threads; docs/benchmarks.md, fix 20). There
+1.7-4.8 ms (the training pass's shapes, 2 threads; ``benchmarks/profile_step.py``). There
 :class:`MatmulAttention` computes attention as transformers' eager attention does (scores
 in the input's precision), with all of a key/value head's query heads in one product, and
 recomputes the probabilities in backward instead of keeping them, so it saves what the

@@ -1,9 +1,9 @@
 """What the process does with the CPU memory that freed tensors leave: give it back to the
 OS, or keep it for the next tensors (glibc's allocator; elsewhere both are no-ops).
 
-Memory that goes back to the OS comes back through page faults, and on the VM we measure
-on, a fault is slow: ~2 ms per MB of fresh memory once the process holds a few GB
-(``docs/benchmarks.md``, fix 17), against ~0.04 ms per MB to refill memory already mapped.
+Memory that goes back to the OS comes back through page faults, and on a virtual machine
+a fault is slow: ~2 ms per MB of fresh memory once the process holds a few GB
+(``benchmarks/profile_step.py``), against ~0.04 ms per MB to refill memory already mapped.
 glibc gives back every allocation above 32 MB as soon as it is freed (it maps those
 separately), and the rest when the top of its heap is free or when we call
 :func:`release_free_heap`. A full fine-tuning step frees and re-allocates about 2 GB per step

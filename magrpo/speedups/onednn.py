@@ -2,7 +2,7 @@
 
 torch sends a float32 ``F.linear`` on CPU to its BLAS library's generic GEMM (MKL in the
 x86 wheels) and only lower precisions to oneDNN. Which is faster depends on the CPU
-(``benchmarks/linear_kernels.py``; docs/benchmarks.md):
+(``benchmarks/linear_kernels.py``):
 
 - at a decode step's 8 rows, oneDNN on a weight first reordered into its blocked layout,
   everywhere we measured: 1.6-3.8x on an AMD Zen 4 (AVX-512), 1.5-2.9x on a Zen 3 (AVX2);

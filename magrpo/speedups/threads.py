@@ -5,7 +5,8 @@ per-operator overhead everywhere else, so two threads on one model leave both pa
 Two models (full fine-tuning: one per agent) decoding at the same time, one thread each,
 overlap one model's small operators with the other's products: on 2 threads, sampling
 two SmolLM2 models side by side measured 1.19x faster than one after the other, and a full
-fine-tuning step's generation 13% faster (``docs/benchmarks.md``, fix 19).
+fine-tuning step's generation 13% faster (``benchmarks/decode_step.py --finetune full
+--against one-at-a-time``).
 """
 
 from __future__ import annotations
