@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import types
-import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from magrpo.cli import add_dataclass_arguments, flag_help, split_commas
 from magrpo.speedups import SPEEDUP_MODES
 
 JOINT_MODES = ("aligned", "cross")
@@ -36,10 +34,6 @@ class ConfigError(ValueError):
     """A configuration value a user can fix; the message says what and how."""
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass
 class MAGRPOConfig:
     """All settings of a MAGRPO run. Defaults: a short CPU run with SmolLM2-135M + LoRA."""
@@ -47,58 +41,62 @@ class MAGRPOConfig:
     # Environment ---------------------------------------------------------------------------
     env: str = field(
         default="coophumaneval-v1",
-        metadata=_help(
+        metadata=flag_help(
             "Environment id for llm_marl_envs.make (a name without -vN: the newest version)."
         ),
     )
     env_kwargs: dict[str, Any] = field(
         default_factory=dict,
-        metadata=_help("Extra keyword arguments for the env, as JSON, e.g. '{\"max_turns\": 2}'."),
+        metadata=flag_help(
+            "Extra keyword arguments for the env, as JSON, e.g. '{\"max_turns\": 2}'."
+        ),
     )
     data: str | None = field(
         default=None,
-        metadata=_help("Dataset for the env: a local file/folder or a Hugging Face dataset id."),
+        metadata=flag_help(
+            "Dataset for the env: a local file/folder or a Hugging Face dataset id."
+        ),
     )
     train_split: str | None = field(
-        default=None, metadata=_help("Dataset split for training (None: the env's default).")
+        default=None, metadata=flag_help("Dataset split for training (None: the env's default).")
     )
     eval_split: str | None = field(
-        default=None, metadata=_help("Dataset split for evaluation (None: the env's default).")
+        default=None, metadata=flag_help("Dataset split for evaluation (None: the env's default).")
     )
 
     # Models --------------------------------------------------------------------------------
     model: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=flag_help(
             "Model for every agent: local folder or Hugging Face id (None: SmolLM2-135M-Instruct)."
         ),
     )
     models: list[str] | None = field(
         default=None,
-        metadata=_help(
+        metadata=flag_help(
             "One model per agent, in the env's possible_agents order (separate models: "
             "heterogeneous agents). Overrides --model."
         ),
     )
     finetune: str = field(
         default="lora",
-        metadata=_help(
+        metadata=flag_help(
             "'lora': one frozen base shared by all agents, one LoRA adapter per agent; "
             "'full': a separate fully fine-tuned model per agent."
         ),
     )
-    lora_rank: int = field(default=8, metadata=_help("LoRA rank r."))
-    lora_alpha: float = field(default=16.0, metadata=_help("LoRA alpha (scaling = alpha / r)."))
+    lora_rank: int = field(default=8, metadata=flag_help("LoRA rank r."))
+    lora_alpha: float = field(default=16.0, metadata=flag_help("LoRA alpha (scaling = alpha / r)."))
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "v_proj"],
-        metadata=_help("Modules that get LoRA adapters, or ['all-linear']."),
+        metadata=flag_help("Modules that get LoRA adapters, or ['all-linear']."),
     )
     dtype: str = field(
-        default="float32", metadata=_help("Model weight dtype: float32 | bfloat16 | float16.")
+        default="float32", metadata=flag_help("Model weight dtype: float32 | bfloat16 | float16.")
     )
     agent_devices: list[str] | None = field(
         default=None,
-        metadata=_help(
+        metadata=flag_help(
             "One torch device per agent, in possible_agents order (e.g. cuda:0 cuda:1), for "
             "separate models (--finetune full or --models): agent i lives on device i. None: "
             "every model on the process's device."
@@ -106,17 +104,19 @@ class MAGRPOConfig:
     )
     use_chat_template: bool = field(
         default=True,
-        metadata=_help(
+        metadata=flag_help(
             "Wrap each observation in the tokenizer's chat template (off: raw text prompts, "
             "as the paper does with base models)."
         ),
     )
 
     # MAGRPO --------------------------------------------------------------------------------
-    group_size: int = field(default=4, metadata=_help("G: completions sampled per agent per node."))
+    group_size: int = field(
+        default=4, metadata=flag_help("G: completions sampled per agent per node.")
+    )
     joint_mode: str = field(
         default="cross",
-        metadata=_help(
+        metadata=flag_help(
             "'cross' (default): the Cartesian product of the agents' samples (G^N joints), each "
             "sample credited with the mean over its joints, so one agent's signal is not "
             "drowned by the others' sampling noise; 'aligned' (the paper's): sample g of every "
@@ -124,140 +124,151 @@ class MAGRPOConfig:
         ),
     )
     num_turns: int = field(
-        default=1, metadata=_help("Horizon H of the rollout tree (turns per episode).")
+        default=1, metadata=flag_help("Horizon H of the rollout tree (turns per episode).")
     )
     discount: float = field(
-        default=0.9, metadata=_help("gamma: R_j = r_j + gamma * mean(child node returns).")
+        default=0.9, metadata=flag_help("gamma: R_j = r_j + gamma * mean(child node returns).")
     )
     early_termination_threshold: float | None = field(
         default=None,
-        metadata=_help("A node whose mean joint reward exceeds this is not expanded further."),
+        metadata=flag_help("A node whose mean joint reward exceeds this is not expanded further."),
     )
     advantage: str = field(
         default="magrpo",
-        metadata=_help("Advantage estimator by name: magrpo | rloo | remax | reinforce | custom."),
+        metadata=flag_help(
+            "Advantage estimator by name: magrpo | rloo | remax | reinforce | custom."
+        ),
     )
     normalize_advantage_std: bool = field(
-        default=False, metadata=_help("Divide each group's advantages by (std + 1e-6).")
+        default=False, metadata=flag_help("Divide each group's advantages by (std + 1e-6).")
     )
     loss_type: str = field(
         default="sequence_sum",
-        metadata=_help(
+        metadata=flag_help(
             "Loss reduction by name: sequence_sum (paper) | token_mean | sequence_mean | dr_grpo."
         ),
     )
     clip_epsilon: float | None = field(
         default=None,
-        metadata=_help("PPO-style ratio clipping epsilon (None: plain policy gradient)."),
+        metadata=flag_help("PPO-style ratio clipping epsilon (None: plain policy gradient)."),
     )
     num_update_epochs: int = field(
-        default=1, metadata=_help("Optimizer steps per rollout (>1 needs importance ratios).")
+        default=1, metadata=flag_help("Optimizer steps per rollout (>1 needs importance ratios).")
     )
     kl_coef: float = field(
         default=0.0,
-        metadata=_help(
+        metadata=flag_help(
             "Weight of the KL penalty to the reference policy (with LoRA: the base model, "
             "adapters disabled; k3 estimator)."
         ),
     )
 
     # Sampling ------------------------------------------------------------------------------
-    temperature: float = field(default=0.8, metadata=_help("Sampling temperature (training)."))
+    temperature: float = field(default=0.8, metadata=flag_help("Sampling temperature (training)."))
     tempered_logprobs: bool = field(
         default=True,
-        metadata=_help(
+        metadata=flag_help(
             "Compute the policy's, the old and the reference log-probs at the sampling "
             "temperature, log softmax(logits / T): the distribution the samples came from, "
             "as TRL does. Off: at temperature 1, as the authors' library does."
         ),
     )
-    top_p: float = field(default=0.95, metadata=_help("Nucleus sampling top_p (1.0: off)."))
-    top_k: int = field(default=0, metadata=_help("Top-k sampling (0: off)."))
+    top_p: float = field(default=0.95, metadata=flag_help("Nucleus sampling top_p (1.0: off)."))
+    top_k: int = field(default=0, metadata=flag_help("Top-k sampling (0: off)."))
     max_new_tokens: int = field(
         default=256,
-        metadata=_help(
+        metadata=flag_help(
             "Max tokens per completion (answers usually end earlier, at EOS or at the env's "
             "stop strings)."
         ),
     )
     stop_at_answer_end: bool = field(
         default=True,
-        metadata=_help(
+        metadata=flag_help(
             "End each answer where the env says it is complete (its metadata['answer_format'] "
             "stop strings, e.g. the closing code fence); the stopped text is what is trained."
         ),
     )
     eval_temperature: float = field(
-        default=0.0, metadata=_help("Sampling temperature in evaluation (0: greedy).")
+        default=0.0, metadata=flag_help("Sampling temperature in evaluation (0: greedy).")
     )
 
     # Optimisation --------------------------------------------------------------------------
-    learning_rate: float = field(default=1e-4, metadata=_help("AdamW learning rate."))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
+    learning_rate: float = field(default=1e-4, metadata=flag_help("AdamW learning rate."))
+    weight_decay: float = field(default=0.0, metadata=flag_help("AdamW weight decay."))
     max_grad_norm: float | None = field(
-        default=1.0, metadata=_help("Clip each agent's gradient norm to this (None: no clipping).")
+        default=1.0,
+        metadata=flag_help("Clip each agent's gradient norm to this (None: no clipping)."),
     )
     max_steps: int | None = field(
-        default=20, metadata=_help("Number of training steps (None: use num_epochs).")
+        default=20, metadata=flag_help("Number of training steps (None: use num_epochs).")
     )
     num_epochs: float | None = field(
         default=None,
-        metadata=_help("Passes over the dataset (needs an env with num_items); stops first wins."),
+        metadata=flag_help(
+            "Passes over the dataset (needs an env with num_items); stops first wins."
+        ),
     )
     prompts_per_step: int = field(
-        default=1, metadata=_help("Dataset items (episode roots) per training step.")
+        default=1, metadata=flag_help("Dataset items (episode roots) per training step.")
     )
     micro_batch_size: int = field(
         default=4,
-        metadata=_help(
+        metadata=flag_help(
             "Completions per forward/backward pass; memory grows with it. A multiple of "
             "group_size runs each group's shared prompt once."
         ),
     )
-    seed: int = field(default=0, metadata=_help("Random seed (torch, numpy, python, data order)."))
+    seed: int = field(
+        default=0, metadata=flag_help("Random seed (torch, numpy, python, data order).")
+    )
     generation_backend: str = field(
         default="hf",
-        metadata=_help(
+        metadata=flag_help(
             "Who samples completions: 'hf' (transformers generate) | 'vllm' (one base + one "
             "LoRA per agent served by vLLM; needs a CUDA GPU and the vllm extra)."
         ),
     )
     vllm_gpu_memory_utilization: float = field(
         default=0.5,
-        metadata=_help("Fraction of GPU memory vLLM may take (the trainer needs the rest)."),
+        metadata=flag_help("Fraction of GPU memory vLLM may take (the trainer needs the rest)."),
     )
 
     # Output, evaluation, logging -----------------------------------------------------------
-    output_dir: str = field(default="runs/magrpo", metadata=_help("Where everything is written."))
-    save_interval: int = field(
-        default=10, metadata=_help("Write a checkpoint every N steps (0: only the final one).")
+    output_dir: str = field(
+        default="runs/magrpo", metadata=flag_help("Where everything is written.")
     )
-    save_total_limit: int = field(default=2, metadata=_help("Checkpoints kept (oldest deleted)."))
+    save_interval: int = field(
+        default=10, metadata=flag_help("Write a checkpoint every N steps (0: only the final one).")
+    )
+    save_total_limit: int = field(
+        default=2, metadata=flag_help("Checkpoints kept (oldest deleted).")
+    )
     resume: bool = field(
-        default=False, metadata=_help("Continue from the latest checkpoint in output_dir.")
+        default=False, metadata=flag_help("Continue from the latest checkpoint in output_dir.")
     )
     eval_interval: int = field(
-        default=10, metadata=_help("Evaluate every N steps and at the end (0: never).")
+        default=10, metadata=flag_help("Evaluate every N steps and at the end (0: never).")
     )
-    eval_size: int = field(default=4, metadata=_help("Items evaluated per evaluation."))
+    eval_size: int = field(default=4, metadata=flag_help("Items evaluated per evaluation."))
     log_backends: list[str] = field(
         default_factory=lambda: ["jsonl", "tensorboard"],
-        metadata=_help(
+        metadata=flag_help(
             "Metric sinks: jsonl (always on) | tensorboard (used when installed) | wandb."
         ),
     )
     wandb_project: str = field(
-        default="magrpo", metadata=_help("W&B project (only with --log-backends wandb).")
+        default="magrpo", metadata=flag_help("W&B project (only with --log-backends wandb).")
     )
     env_workers: int = field(
-        default=8, metadata=_help("Threads stepping branched env copies concurrently.")
+        default=8, metadata=flag_help("Threads stepping branched env copies concurrently.")
     )
-    progress_bar: bool = field(default=True, metadata=_help("Show a tqdm progress bar."))
+    progress_bar: bool = field(default=True, metadata=flag_help("Show a tqdm progress bar."))
 
     # Speed and memory ----------------------------------------------------------------------
     speedups: str = field(
         default="auto",
-        metadata=_help(
+        metadata=flag_help(
             "'auto': every speed-up of magrpo.speedups where it applies (fused CPU decode "
             "step, oneDNN products, chunked output layer, ...; same results up to float "
             "rounding); 'off': plain transformers + peft + torch. The memory options below "
@@ -265,11 +276,11 @@ class MAGRPOConfig:
         ),
     )
     torch_threads: int | None = field(
-        default=None, metadata=_help("torch.set_num_threads (None: torch's default).")
+        default=None, metadata=flag_help("torch.set_num_threads (None: torch's default).")
     )
     cpu_heap: str = field(
         default="auto",
-        metadata=_help(
+        metadata=flag_help(
             "CPU training: 'keep' freed memory for the next step (no page faults on its "
             "gradients and packed weights; higher resident memory), 'release' it to the OS "
             "between phases, 'auto': keep for --finetune full (release with "
@@ -279,7 +290,7 @@ class MAGRPOConfig:
     )
     sample_side_by_side: bool = field(
         default=True,
-        metadata=_help(
+        metadata=flag_help(
             "CPU, one model per agent (--finetune full or --models): the models decode at "
             "the same time, each on its share of the threads (faster; every model's packed "
             "decode weights are held at once instead of one model's)."
@@ -287,7 +298,7 @@ class MAGRPOConfig:
     )
     gradient_checkpointing: bool = field(
         default=False,
-        metadata=_help(
+        metadata=flag_help(
             "Keep only each decoder layer's input for backward and run the layer again there: "
             "much less memory in the update, for one more forward of the model. Every memory "
             "option also lets sampling's packed decode weights take the weights' memory."
@@ -295,7 +306,7 @@ class MAGRPOConfig:
     )
     reuse_sampled_states: bool = field(
         default=False,
-        metadata=_help(
+        metadata=flag_help(
             "Start the update from every decoder layer's input as sampling computed it and "
             "run its backward one layer at a time from the top: the memory of "
             "--gradient-checkpointing without its second forward. Gradients equal the "
@@ -305,7 +316,7 @@ class MAGRPOConfig:
     )
     optimizer_in_backward: bool = field(
         default=False,
-        metadata=_help(
+        metadata=flag_help(
             "Step each weight inside the backward, as soon as its gradient is complete, and "
             "free that gradient: no model-sized gradient buffer (the log-prob pass then runs "
             "prompts and completions through the layers in turn). Needs max_grad_norm None "
@@ -425,7 +436,8 @@ class MAGRPOConfig:
             raise bad("advantage", self.advantage, f"one of {', '.join(available_advantages())}")
         if self.group_size == 1 and self.advantage in GROUP_BASELINES:
             raise bad(
-                "group_size", self.group_size,
+                "group_size",
+                self.group_size,
                 f"at least 2 with advantage={self.advantage!r}: its baseline is computed from the "
                 "group, so a group of one has advantage 0 and nothing is learnt (or choose "
                 "advantage='reinforce', which needs no group)",
@@ -479,53 +491,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 # --- command line ----------------------------------------------------------------------------
 
 
-def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(MAGRPOConfig)
-
-
-def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
-    """Map a type annotation to (argparse type callable, extra add_argument kwargs)."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    optional = origin in (typing.Union, types.UnionType) and type(None) in args
-    if optional:
-        (annotation,) = [a for a in args if a is not type(None)]
-        origin = typing.get_origin(annotation)
-
-    def maybe_none(convert: Any) -> Any:
-        def parse(text: str) -> Any:
-            if optional and text.lower() in ("none", "null"):
-                return None
-            return convert(text)
-
-        parse.__name__ = getattr(convert, "__name__", "value")
-        return parse
-
-    if annotation is bool:
-        return None, {"action": argparse.BooleanOptionalAction}
-    if origin is list:
-        return maybe_none(str), {"nargs": "+"}
-    if origin is dict:
-        return maybe_none(json.loads), {}
-    if annotation in (int, float, str):
-        return maybe_none(annotation), {}
-    raise TypeError(f"unsupported config type {annotation}")
-
-
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m magrpo.train",
         description="Train LLM agents with MAGRPO on a PettingZoo text environment.",
-        argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", help="YAML file of config values (flags override it).")
-    hints = _field_types()
-    for f in dataclasses.fields(MAGRPOConfig):
-        convert, extra = _parser_for(hints[f.name])
-        kwargs: dict[str, Any] = {"help": f.metadata.get("help", ""), "dest": f.name, **extra}
-        if convert is not None:
-            kwargs["type"] = convert
-        parser.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
+    parser.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="YAML file of config values (flags override it).",
+    )
+    add_dataclass_arguments(parser, MAGRPOConfig)
     return parser
 
 
@@ -535,7 +511,5 @@ def config_from_args(argv: list[str] | None = None) -> MAGRPOConfig:
     config_path = parsed.pop("config", None)
     values = load_yaml(config_path) if config_path else {}
     values = {str(k).replace("-", "_"): v for k, v in values.items()}
-    values.update(parsed)
-    if "models" in values and values["models"] and len(values["models"]) == 1:
-        values["models"] = values["models"][0].split(",")
+    values.update(split_commas(parsed))
     return MAGRPOConfig.from_dict(values)

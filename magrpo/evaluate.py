@@ -1,7 +1,7 @@
 """``python -m magrpo.evaluate``: the paper's baselines and metrics on any env of the suite.
 
     python -m magrpo.evaluate --env coophumaneval --data coophumaneval.json \\
-        --protocols parallel,sequential,trained --adapters runs/x --samples 15 --k 1,3,5,10
+        --protocols parallel sequential trained --adapters runs/x --samples 15 --k 1 3 5 10
 
 runs each protocol (``magrpo.protocols``) on the evaluation split (default: the paper's,
 ``llm_marl_envs.default_eval_split``), lets the env score every joint action, aggregates the
@@ -12,7 +12,7 @@ action and its score) and PNG bar charts (``magrpo.plot``) to ``--output-dir``. 
 and exit code 2.
 
 Models: ``--model`` for every agent (default: the trained run's base model, else
-SmolLM2-135M-Instruct), ``--models a,b`` one per agent, ``--single-model`` for the
+SmolLM2-135M-Instruct), ``--models a b`` one per agent, ``--single-model`` for the
 ``single`` protocol (default: ``--model``). ``trained`` loads ``--adapters``: a run folder of
 ``magrpo.train`` (its ``adapters/<agent>`` peft folders, or ``models/<agent>`` after full
 fine-tuning, else its latest checkpoint), an ``adapters`` folder, or one checkpoint folder.
@@ -29,10 +29,11 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from magrpo.cli import add_dataclass_arguments, flag_help, split_commas
 from magrpo.metrics import compute_metrics, task_family
 from magrpo.protocols import PROTOCOLS, Actor, Generator, ProtocolStats, run_protocol
 
@@ -47,30 +48,78 @@ class EvaluationError(ValueError):
 
 @dataclass
 class EvalSettings:
-    env: str
-    protocols: list[str]
-    data: str | None = None
-    split: str | None = None
-    limit: int | None = None
-    turns: int = 1
-    adapters: str | None = None
-    model: str | None = None
-    models: list[str] | None = None
-    single_model: str | None = None
-    samples: int = 15
-    k: list[int] | None = None
-    max_new_tokens: int = 256
-    temperature: float = 0.8
-    top_p: float = 0.95
-    dtype: str = "float32"
-    chat_template: bool | None = None
-    max_batch: int = 64
-    per_agent_timing: bool = False
-    workers: int = 8
-    seed: int = 0
-    output_dir: str | None = None
-    progress: bool = True
-    save_samples: bool = True
+    """Every setting of an evaluation; ``python -m magrpo.evaluate`` builds its flags from
+    these fields (``magrpo.cli``), grouped by the section comments below."""
+
+    # Environment ---------------------------------------------------------------------------
+    env: str = field(metadata=flag_help("Env id (tldr, arxiv, humaneval, coophumaneval)."))
+    data: str | None = field(
+        default=None, metadata=flag_help("Local data file/folder or Hugging Face dataset id.")
+    )
+    split: str | None = field(
+        default=None,
+        metadata=flag_help("Split (default: the paper's evaluation split of the env)."),
+    )
+    limit: int | None = field(
+        default=None, metadata=flag_help("Evaluate only the first N problems of the split.")
+    )
+    turns: int = field(default=1, metadata=flag_help("Turns per episode (env max_turns)."))
+
+    # Protocols and models ------------------------------------------------------------------
+    protocols: list[str] | None = field(
+        default=None,
+        metadata=flag_help(
+            f"From: {', '.join(PROTOCOLS)} (default: {' '.join(DEFAULT_BASELINES)}, and "
+            "trained with --adapters)."
+        ),
+    )
+    adapters: str | None = field(
+        default=None, metadata=flag_help("Output folder of magrpo.train (or its adapters folder).")
+    )
+    model: str | None = field(
+        default=None, metadata=flag_help("Model of every agent (default: the run's, else SmolLM2).")
+    )
+    models: list[str] | None = field(
+        default=None, metadata=flag_help("One model per agent, in agent order.")
+    )
+    single_model: str | None = field(
+        default=None, metadata=flag_help("Model of the single protocol (default: --model).")
+    )
+    dtype: str = field(default="float32", metadata=flag_help("float32 | bfloat16 | float16."))
+    chat_template: bool | None = field(
+        default=None,
+        metadata=flag_help(
+            "Wrap prompts in the chat template (default: as the run was trained, else on)."
+        ),
+    )
+
+    # Sampling and metrics ------------------------------------------------------------------
+    samples: int = field(default=15, metadata=flag_help("Samples per problem (n)."))
+    k: list[int] | None = field(
+        default=None, metadata=flag_help("k values of pass@k (default: 1 3 5 10, up to n).")
+    )
+    max_new_tokens: int = field(default=256, metadata=flag_help("Tokens per agent answer."))
+    temperature: float = field(default=0.8, metadata=flag_help("Sampling temperature (0: greedy)."))
+    top_p: float = field(default=0.95, metadata=flag_help("Nucleus sampling mass."))
+    seed: int = field(default=0, metadata=flag_help("Random seed."))
+
+    # Speed -----------------------------------------------------------------------------------
+    max_batch: int = field(default=64, metadata=flag_help("Max rows per generate call."))
+    per_agent_timing: bool = field(
+        default=False,
+        metadata=flag_help(
+            "One generate call per agent per phase: measure each agent's time directly."
+        ),
+    )
+    workers: int = field(default=8, metadata=flag_help("Threads scoring env copies."))
+    torch_threads: int | None = field(
+        default=None, metadata=flag_help("torch.set_num_threads (None: torch's default).")
+    )
+
+    # Output ------------------------------------------------------------------------------------
+    output_dir: str | None = field(default=None, metadata=flag_help("Default: runs/eval/<env id>."))
+    progress: bool = field(default=True, metadata=flag_help("Show a progress bar."))
+    save_samples: bool = field(default=True, metadata=flag_help("Write samples.jsonl."))
 
     def ks(self) -> list[int]:
         return list(self.k) if self.k else [k for k in (1, 3, 5, 10) if k <= self.samples]
@@ -79,26 +128,26 @@ class EvalSettings:
 # --- argument checks -------------------------------------------------------------------------
 
 
-def parse_protocols(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
+def parse_protocols(values: list[str]) -> list[str]:
+    names = [name.strip() for name in values if name.strip()]
     unknown = [name for name in names if name not in PROTOCOLS]
     if unknown or not names:
         raise EvaluationError(
-            f"Unknown protocol(s) {unknown or [text]} in --protocols {text!r}. Choose a "
-            f"comma-separated list from: {', '.join(PROTOCOLS)} (e.g. --protocols "
-            "parallel,sequential,trained)."
+            f"Unknown protocol(s) {unknown or values} in --protocols {' '.join(values)}. "
+            f"Choose from: {', '.join(PROTOCOLS)} (e.g. --protocols parallel sequential "
+            "trained)."
         )
     return list(dict.fromkeys(names))
 
 
-def parse_ks(text: str) -> list[int]:
+def parse_ks(values: list[str]) -> list[int]:
     try:
-        ks = sorted({int(part) for part in text.split(",") if part.strip()})
+        ks = sorted({int(part) for part in values if str(part).strip()})
     except ValueError:
         ks = []
     if not ks or ks[0] < 1:
         raise EvaluationError(
-            f"--k {text!r} must be a comma-separated list of positive integers, e.g. 1,3,5,10."
+            f"--k {' '.join(map(str, values))} must be positive integers, e.g. --k 1 3 5 10."
         )
     return ks
 
@@ -193,7 +242,7 @@ def load_trained(settings: EvalSettings, agents: list[str]):
     """The trained policies, one per agent, exactly as ``magrpo.train`` saved them."""
     from peft.utils import load_peft_weights
 
-    from magrpo.policies import load_policies
+    from magrpo.loading import load_policies
 
     source = find_trained(settings.adapters, agents)
     config = source.run_config
@@ -290,8 +339,8 @@ class ModelPool:
         self._loaded: dict[str, Actor] = {}
 
     def actor(self, name: str | None) -> Actor:
+        from magrpo.loading import load_policies
         from magrpo.models import resolve_model
-        from magrpo.policies import load_policies
 
         path = resolve_model(name)
         if path not in self._loaded:
@@ -575,92 +624,31 @@ def write_outputs(result: EvalResult) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m magrpo.evaluate",
         description="Evaluate the paper's protocols on a PettingZoo text env: tables and charts.",
     )
-    p.add_argument("--env", required=True, help="Env id (tldr, arxiv, humaneval, coophumaneval).")
-    p.add_argument("--data", help="Local data file/folder or Hugging Face dataset id.")
-    p.add_argument("--split", help="Split (default: the paper's evaluation split of the env).")
-    p.add_argument("--limit", type=int, help="Evaluate only the first N problems of the split.")
-    p.add_argument("--turns", type=int, default=1, help="Turns per episode (env max_turns).")
-    p.add_argument(
-        "--protocols",
-        help="Comma-separated, from: "
-        + ", ".join(PROTOCOLS)
-        + " (default: single,parallel,sequential,discussion, + trained with --adapters).",
-    )
-    p.add_argument("--adapters", help="Output folder of magrpo.train (or its adapters folder).")
-    p.add_argument("--model", help="Model of every agent (default: the run's, else SmolLM2).")
-    p.add_argument("--models", help="One model per agent, comma-separated, in agent order.")
-    p.add_argument("--single-model", help="Model of the single protocol (default: --model).")
-    p.add_argument("--samples", type=int, default=15, help="Samples per problem (n).")
-    p.add_argument("--k", default=None, help="k values of pass@k (default 1,3,5,10 up to n).")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="Per agent answer.")
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy.")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--chat-template",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Wrap prompts in the chat template (default: as the run was trained, else on).",
-    )
-    p.add_argument("--max-batch", type=int, default=64, help="Max rows per generate call.")
-    p.add_argument(
-        "--per-agent-timing",
-        action="store_true",
-        help="One generate call per agent per phase: measure each agent's time directly.",
-    )
-    p.add_argument("--workers", type=int, default=8, help="Threads scoring env copies.")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--torch-threads", type=int, help="torch.set_num_threads.")
-    p.add_argument("--output-dir", help="Default: runs/eval/<env id>.")
-    p.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    p.add_argument("--no-samples", action="store_true", help="Do not write samples.jsonl.")
-    return p
+    add_dataclass_arguments(parser, EvalSettings)
+    return parser
 
 
-def settings_from_args(argv: list[str] | None = None) -> tuple[EvalSettings, argparse.Namespace]:
-    args = build_parser().parse_args(argv)
-    protocols = (
-        parse_protocols(args.protocols)
-        if args.protocols
-        else [*DEFAULT_BASELINES, *(["trained"] if args.adapters else [])]
+def settings_from_args(argv: list[str] | None = None) -> EvalSettings:
+    values = split_commas(vars(build_parser().parse_args(argv)))
+    protocols = values.get("protocols")
+    values["protocols"] = (
+        parse_protocols(protocols)
+        if protocols
+        else [*DEFAULT_BASELINES, *(["trained"] if values.get("adapters") else [])]
     )
-    settings = EvalSettings(
-        env=args.env,
-        protocols=protocols,
-        data=args.data,
-        split=args.split,
-        limit=args.limit,
-        turns=args.turns,
-        adapters=args.adapters,
-        model=args.model,
-        models=[m.strip() for m in args.models.split(",")] if args.models else None,
-        single_model=args.single_model,
-        samples=args.samples,
-        k=parse_ks(args.k) if args.k else None,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        dtype=args.dtype,
-        chat_template=args.chat_template,
-        max_batch=args.max_batch,
-        per_agent_timing=args.per_agent_timing,
-        workers=args.workers,
-        seed=args.seed,
-        output_dir=args.output_dir,
-        progress=not args.no_progress,
-        save_samples=not args.no_samples,
-    )
-    return settings, args
+    if values.get("k"):
+        values["k"] = parse_ks(values["k"])
+    return EvalSettings(**values)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from llm_marl_envs import LLMMarlEnvError
+    from magrpo.errors import ModelLoadError
     from magrpo.models import ModelNotFoundError
-    from magrpo.policies import ModelLoadError
 
     return (EvaluationError, LLMMarlEnvError, ModelLoadError, ModelNotFoundError)
 
@@ -668,12 +656,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings, args = settings_from_args(argv)
+        settings = settings_from_args(argv)
         check_settings(settings)
-        if args.torch_threads:
+        if settings.torch_threads:
             import torch
 
-            torch.set_num_threads(args.torch_threads)
+            torch.set_num_threads(settings.torch_threads)
         if settings.progress:
             from transformers.utils import logging as transformers_logging
 
