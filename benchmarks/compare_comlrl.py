@@ -147,7 +147,7 @@ def run_measured(cmd: list[str], env: dict[str, str], log: Path) -> tuple[str, d
 def data_indices(args, count: int) -> list[int]:
     """The dataset indices our trainer visits, in order (its seeded DataOrder)."""
     import llm_marl_envs
-    from magrpo.trainer import DataOrder
+    from magrpo.data_order import DataOrder
 
     env = llm_marl_envs.make(args.env, data=str(args.data), split=args.split, max_turns=1)
     order = DataOrder(env.num_items, args.seed)

@@ -41,8 +41,9 @@ import torch
 
 import magrpo.speedups.auto as auto_speedups
 import magrpo.speedups.llama_decode as llama_decode
+from magrpo.loading import load_policies
 from magrpo.models import resolve_model
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.policies import SamplingParams
 
 PROMPTS = [
     ("aux", "Write a helper function that returns the sum of the squares of a list. " * 6),

@@ -46,9 +46,10 @@ from untrained_coding_answers import git_commit, mean, sample_problems
 import llm_marl_envs
 from magrpo.checkpoint import list_checkpoints, load_checkpoint
 from magrpo.config import MAGRPOConfig
+from magrpo.env_contract import answer_stops
+from magrpo.loading import load_policies
 from magrpo.models import resolve_model
-from magrpo.policies import SamplingParams, load_policies
-from magrpo.trainer import answer_stops
+from magrpo.policies import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 

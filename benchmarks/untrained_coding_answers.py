@@ -48,8 +48,9 @@ import magrpo
 from llm_marl_envs.rewards.code_analysis import aux_usage, extract_definitions, returns_value
 from llm_marl_envs.rewards.coding import HELPER_NAME
 from magrpo.config import MAGRPOConfig
+from magrpo.loading import load_policies
 from magrpo.models import DEFAULT_MODEL, resolve_model
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.policies import SamplingParams
 from magrpo.rollout import derive_seed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     # option has neither the option nor the stop strings)
     stop = {}
     if getattr(DEFAULTS, "stop_at_answer_end", False):
-        from magrpo.trainer import answer_stops
+        from magrpo.env_contract import answer_stops
 
         stop = {"stop": answer_stops(env)}
     params = SamplingParams(

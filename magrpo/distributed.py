@@ -17,6 +17,7 @@ With one process every operation is the identity, so the trainer has a single co
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,8 @@ from typing import Any, TypeVar
 import torch
 from accelerate.utils import broadcast, gather_object, reduce
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from magrpo.rollout import RolloutResult
 
 T = TypeVar("T")
 
@@ -98,6 +101,29 @@ class DataParallel:
     @property
     def _device(self) -> torch.device:
         return self.accelerator.device
+
+    def gather_rollouts(self, rollout: RolloutResult) -> RolloutResult:
+        """Every process's rollout as one record for metrics (texts and token ids left out).
+
+        Seconds are the slowest process's: it sets the step time.
+        """
+        if self.world_size == 1:
+            return rollout
+        slim = RolloutResult(
+            [dataclasses.replace(n, samples={}, observations={}) for n in rollout.nodes],
+            rollout.num_roots,
+            rollout.seconds_generate,
+            rollout.seconds_env,
+            rollout.generated_tokens,
+        )
+        shares = self.gather([slim])
+        return RolloutResult(
+            [node for share in shares for node in share.nodes],
+            sum(share.num_roots for share in shares),
+            max(share.seconds_generate for share in shares),
+            max(share.seconds_env for share in shares),
+            sum(share.generated_tokens for share in shares),
+        )
 
 
 def local_launcher(processes: int) -> list[str]:

@@ -90,3 +90,12 @@ class NullMetricsLogger:
 
     def close(self) -> None:
         pass
+
+
+def progress_bar(enabled: bool, total: int, initial: int):
+    """A tqdm bar of the training steps (None when disabled)."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="magrpo", unit="step", dynamic_ncols=True)

@@ -21,7 +21,6 @@ come from ``self.speedups`` (``magrpo.speedups``) when it offers them.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
 import logging
@@ -31,22 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import StaticCache
 
+from magrpo.answers import check_turn_end, completion_from_ids, ends_an_answer
+from magrpo.forwards import last_position_pass, output_cache, position_ids, static_cache_forward
 from magrpo.lora_routing import AdapterRouter
-from magrpo.losses import completion_length, completion_mask, token_logprobs
+from magrpo.losses import completion_mask, token_logprobs
 from magrpo.rollout import Completion, derive_seed
 from magrpo.sampling import row_generators, sample_tokens
-from magrpo.speedups import Speedups, load_speedups
+from magrpo.speedups import Speedups
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer that cannot be loaded; the message says which and why."""
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -76,7 +69,7 @@ class LoadedModel:
         self.agents = agents
         self.mode = mode  # "shared_lora" | "lora" | "full"
         self.reference = reference  # frozen copy, only for full fine-tuning with a KL term
-        self.adapter = {agent: _adapter_name(agent) for agent in agents}
+        self.adapter = {agent: adapter_name(agent) for agent in agents}
         self.router = (
             AdapterRouter(model, [self.adapter[a] for a in agents])
             if mode == "shared_lora"
@@ -181,54 +174,7 @@ class LogprobInputs:
     def prompt_agents(self) -> list[str]:
         return [agent for agent, _ in self.unique]
 
-def completion_from_ids(
-    agent: str,
-    prompt_ids: list[int],
-    ids: Sequence[int],
-    eos_ids: Sequence[int],
-    tokenizer,
-    stop: Sequence[str] = (),
-) -> Completion:
-    """Generated ids as a Completion: cut after the first EOS (padding and anything a batch
-    kept generating dropped) or after the token that completes a ``stop`` string, whichever
-    comes first; ``finished`` when it ended either way; text without specials.
-
-    Every generation path ends here, so the tokens trained on are exactly the answer's,
-    whether or not the sampler itself stopped at the string."""
-    ids = [int(token) for token in ids]
-    kept = ids[: completion_length(ids, eos_ids)]
-    finished = bool(kept) and kept[-1] in eos_ids
-    text = tokenizer.decode(kept, skip_special_tokens=True)
-    if stop and any(s in text for s in stop):
-        kept = kept[: _stop_length(kept, stop, tokenizer)]
-        text = tokenizer.decode(kept, skip_special_tokens=True)
-        finished = True
-    return Completion(agent, text, list(prompt_ids), kept, finished)
-
-
-def _stop_length(ids: list[int], stop: Sequence[str], tokenizer) -> int:
-    """The fewest leading tokens of ``ids`` whose text contains a stop string (there is one:
-    containing it only grows with the prefix, so a binary search finds the first)."""
-    low, high = 1, len(ids)
-    while low < high:
-        middle = (low + high) // 2
-        text = tokenizer.decode(ids[:middle], skip_special_tokens=True)
-        if any(s in text for s in stop):
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
-def _ends_an_answer(ids: list[int], stop: Sequence[str], tokenizer) -> bool:
-    """Whether the newest token completed a stop string: checked on the last tokens only
-    (a string of n characters lies within the last n + 1 tokens that completed it)."""
-    window = max(len(s) for s in stop) + 1
-    text = tokenizer.decode(ids[-window:], skip_special_tokens=True)
-    return any(s in text for s in stop)
-
-
-def _adapter_name(agent: str) -> str:
+def adapter_name(agent: str) -> str:
     return re.sub(r"\W", "_", agent) or "agent"
 
 
@@ -240,45 +186,6 @@ def _is_adapter_parameter(name: str, adapter: str) -> bool:
         part.startswith("lora_") and following == adapter
         for part, following in zip(parts, parts[1:], strict=False)
     )
-
-
-def _check_chat_template(loaded: LoadedModel) -> None:
-    """A chat template exists, and the token that ends an assistant turn stops generation.
-
-    Without the second, a model whose template ends turns with a token that is not one of
-    its EOS tokens would write past the end of every answer until ``max_new_tokens``.
-    """
-    tokenizer = loaded.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(
-            f"The tokenizer of agents {', '.join(loaded.agents)} has no chat template, but "
-            "use_chat_template is on. Pass --no-use-chat-template to give the model raw text "
-            "prompts (as the paper does with base models), or use a model with a chat template."
-        )
-    marker = "\u2045answer\u2046"
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}],
-        tokenize=False,
-    )
-    after = text.split(marker, 1)[1].lstrip() if marker in text else ""
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
-    if ids and ids[0] not in loaded.eos_ids:
-        logger.warning(
-            "The chat template of agents %s ends a turn with %r, which is not an EOS token of "
-            "the model; it is added to the tokens that end an answer.",
-            ", ".join(loaded.agents), tokenizer.convert_ids_to_tokens(ids[0]),
-        )
-        loaded.eos_ids = sorted({*loaded.eos_ids, ids[0]})
-
-
-def output_cache(output):
-    """The KV cache of a forward output (``cache`` in transformers >= 5.2x, else the old name)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 class Policies:
@@ -295,7 +202,7 @@ class Policies:
         self.speedups = speedups if speedups is not None else Speedups()
         if use_chat_template:
             for loaded in models:
-                _check_chat_template(loaded)
+                check_turn_end(loaded)
         self.model_of = {agent: m for m in models for agent in m.agents}
         self.agents = [agent for m in models for agent in m.agents]
 
@@ -449,7 +356,7 @@ class Policies:
             if watched:
                 generated = torch.stack(tokens, dim=1)[watched].tolist()
                 for row, ids in zip(watched, generated, strict=True):
-                    if _ends_an_answer(ids, stops[row], loaded.tokenizer):
+                    if ends_an_answer(ids, stops[row], loaded.tokenizer):
                         finished[row] = True
             if bool(finished.all()):
                 break
@@ -564,151 +471,3 @@ def completion_inputs(
         + torch.arange(width, device=prompt_mask.device)[None, :],
         "use_cache": True,
     }
-
-
-def last_position_pass(network, head, inputs, attention_mask, positions=None, **cache):
-    """A cached forward of which only the last position's output is used: left-padded
-    prompts, or one decode step (``inputs``: token ids [B, L], or their embeddings
-    [B, L, H]). When the network is the whole model (``head`` None), only that position's
-    logits are computed."""
-    return network(
-        **{"input_ids" if inputs.dim() == 2 else "inputs_embeds": inputs},
-        attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask) if positions is None else positions,
-        use_cache=True,
-        **({"logits_to_keep": 1} if head is None else {}),
-        **cache,
-    )
-
-
-def static_cache_forward(loaded, network, head, mask, prefix, num_samples):
-    """transformers' forward of a decode step, on a static cache that starts with G copies
-    of the prefill (if any): ``forward(ids, positions)`` -> the last position's logits.
-    ``head`` None: ``network`` is the whole model."""
-    cache = StaticCache(config=loaded.model.config, max_cache_len=mask.shape[1])
-    cached = 0
-    if prefix is not None:
-        for static, prefilled in zip(cache.layers, prefix.layers, strict=True):
-            static.update(
-                prefilled.keys.repeat_interleave(num_samples, dim=0),
-                prefilled.values.repeat_interleave(num_samples, dim=0),
-            )
-        cached = prefix.get_seq_length()
-
-    def forward(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        nonlocal cached
-        cached += ids.shape[1]
-        output = last_position_pass(
-            network, head, ids, mask[:, :cached], positions, **{loaded.cache_kwarg: cache}
-        )
-        if head is None:
-            return output.logits[:, -1]
-        return head(output.last_hidden_state[:, -1])
-
-    return forward
-
-
-def _load_model(path: str, dtype: torch.dtype, device: torch.device, speedups: Speedups):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except Exception as error:  # noqa: BLE001 - any loader failure becomes one clear message
-        raise ModelLoadError(
-            f"Could not load the model or tokenizer at {path!r}: {type(error).__name__}: "
-            f"{error}. Pass --model with a local folder that holds config.json, weights and "
-            "tokenizer files (or a Hugging Face id available offline in the cache)."
-        ) from error
-    model = model.to(device)
-    speedups.prepare_model(model)
-    return model, tokenizer
-
-
-def _lora_config(rank: int, alpha: float, target_modules: Sequence[str]):
-    from peft import LoraConfig
-
-    targets = "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
-    return LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
-    )
-
-
-def load_policies(
-    agents: Sequence[str],
-    model_paths: Sequence[str],
-    *,
-    finetune: str = "lora",
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
-    dtype: str = "float32",
-    use_chat_template: bool = True,
-    need_reference: bool = False,
-    device: torch.device | str = "cpu",
-    agent_devices: Sequence[torch.device | str] | None = None,
-    speedups: Speedups | str = "auto",
-) -> Policies:
-    """Load the policies. ``model_paths``: one per agent (identical paths + LoRA: shared).
-
-    ``agent_devices`` (one per agent) places separate models on separate devices, e.g. two
-    7B agents on two GPUs; a shared base cannot be split, so it then needs one device.
-    ``speedups``: ``auto`` | ``off`` or a :class:`~magrpo.speedups.Speedups`.
-    """
-    from peft import get_peft_model
-
-    if isinstance(speedups, str):
-        speedups = load_speedups(speedups)
-    agents = list(agents)
-    if len(model_paths) != len(agents):
-        raise ModelLoadError(
-            f"Got {len(model_paths)} model(s) for {len(agents)} agents ({', '.join(agents)}): "
-            "pass one --model for all agents or exactly one --models entry per agent."
-        )
-    devices = [torch.device(d) for d in (agent_devices or [device] * len(agents))]
-    if len(devices) != len(agents):
-        raise ModelLoadError(
-            f"Got {len(devices)} device(s) for {len(agents)} agents ({', '.join(agents)}): "
-            "--agent-devices needs exactly one device per agent, in that order."
-        )
-    torch_dtype = DTYPES[dtype]
-    lora = _lora_config(lora_rank, lora_alpha, lora_target_modules)
-    models: list[LoadedModel] = []
-    if finetune == "lora" and len(set(model_paths)) == 1:
-        if len(set(devices)) > 1:
-            raise ModelLoadError(
-                f"--agent-devices {' '.join(map(str, devices))} puts agents on different "
-                "devices, but with --finetune lora and one model every agent is an adapter on "
-                "one shared base model, which lives on one device. Use --finetune full (or "
-                "--models, one per agent) to give each agent its own model, or one device."
-            )
-        base, tokenizer = _load_model(model_paths[0], torch_dtype, devices[0], speedups)
-        names = [_adapter_name(a) for a in agents]
-        if len(set(names)) != len(names):
-            raise ModelLoadError(f"Agent names {agents} collide as adapter names {names}.")
-        model = get_peft_model(base, copy.deepcopy(lora), adapter_name=names[0])
-        for name in names[1:]:
-            model.add_adapter(name, copy.deepcopy(lora))
-        model.set_requires_grad(names, requires_grad=True)
-        model.eval()  # no dropout; and peft mixes adapters in a batch only in eval mode
-        models.append(LoadedModel(model, tokenizer, agents, "shared_lora"))
-    else:
-        for agent, path, device in zip(agents, model_paths, devices, strict=True):
-            model, tokenizer = _load_model(path, torch_dtype, device, speedups)
-            reference = None
-            if finetune == "lora":
-                model = get_peft_model(
-                    model, copy.deepcopy(lora), adapter_name=_adapter_name(agent)
-                )
-                mode = "lora"
-            else:
-                mode = "full"
-                if need_reference:
-                    reference = copy.deepcopy(model).requires_grad_(False).eval()
-            model.eval()
-            models.append(LoadedModel(model, tokenizer, [agent], mode, reference))
-    policies = Policies(models, use_chat_template, speedups)
-    for agent in agents:
-        count = sum(p.numel() for p in policies.named_trainable_parameters(agent).values())
-        logger.info("agent %s: %s trainable parameters", agent, f"{count:,}")
-    return policies

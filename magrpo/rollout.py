@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -248,3 +249,26 @@ def compute_returns(nodes: list[Node], discount: float, num_turns: int = 1) -> N
             node.sample_returns[agent] = [
                 t / max(c, 1) for t, c in zip(totals, counts, strict=True)
             ]
+
+
+def rollout_metrics(rollout: RolloutResult) -> dict[str, float]:
+    """Joint reward mean/std per turn, return of the first turn, every reward part's mean."""
+    metrics: dict[str, float] = {}
+    for turn in range(rollout.num_turns_reached):
+        joints = [j for node in rollout.nodes_at_turn(turn) for j in node.joints]
+        rewards = np.array([j.reward for j in joints])
+        prefix = "reward" if turn == 0 else f"turn{turn + 1}/reward"
+        metrics[f"{prefix}/mean"] = float(rewards.mean())
+        metrics[f"{prefix}/std"] = float(rewards.std())
+        parts: dict[str, list[float]] = defaultdict(list)
+        for joint in joints:
+            for name, value in joint.reward_parts.items():
+                parts[name].append(value)
+        part_prefix = "reward_parts" if turn == 0 else f"turn{turn + 1}/reward_parts"
+        for name, values in parts.items():
+            metrics[f"{part_prefix}/{name}"] = float(np.mean(values))
+    metrics["return/mean"] = float(
+        np.mean([j.value for n in rollout.nodes_at_turn(0) for j in n.joints])
+    )
+    metrics["num_nodes"] = float(len(rollout.nodes))
+    return metrics

@@ -17,8 +17,9 @@ from typing import Any
 
 from magrpo.checkpoint import MODELS_DIR
 from magrpo.config import ConfigError, MAGRPOConfig, config_from_args
-from magrpo.policies import ModelLoadError
-from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainResult
+from magrpo.env_contract import IncompatibleEnvError
+from magrpo.errors import ModelLoadError
+from magrpo.trainer import MAGRPOTrainer, TrainResult
 from magrpo.vllm_sampler import VLLMUnavailableError
 
 logger = logging.getLogger("magrpo")

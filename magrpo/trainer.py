@@ -6,26 +6,12 @@ text. Each phase is a method a subclass may override (``collect``, ``build_sampl
 registries, so a new algorithm usually needs no subclass at all (see
 ``examples/custom_algorithm.py``).
 
-Metrics written each step to ``<output_dir>/metrics.jsonl`` (and TensorBoard / W&B):
-
-- ``reward/mean``, ``reward/std``: joint reward of the first turn's joint actions;
-  ``turn{t}/reward/mean|std`` for later turns; ``return/mean``: discounted returns, turn 1.
-- ``reward_parts/<name>`` (``turn{t}/reward_parts/<name>``): mean of each named component.
-- ``completion_length/<agent>``, ``completion_finished_frac/<agent>`` (ended with EOS or a
-  stop string) and ``cut_off_frac/<agent>`` (cut at ``max_new_tokens``).
-- ``loss``, ``loss/<agent>``, ``grad_norm/<agent>`` (before clipping), ``kl`` (per token,
-  when ``kl_coef`` > 0), ``trained_sequences`` (completions with a non-zero gradient),
-  ``zero_variance_group_frac`` (groups whose returns are all equal: no signal).
-- ``tokens_per_second`` (generation), ``time/generate|env|update|step|eval`` (seconds),
-  ``epoch``, ``num_nodes`` (rollout tree size).
-- Every ``eval_interval`` steps, and once at step 0 before training: the same reward metrics
-  prefixed ``eval/``.
+The metrics each step logs are listed in docs/training.md ("Logged metrics").
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import math
@@ -37,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from gymnasium import spaces
 
 from magrpo.advantages import compute_advantages
 from magrpo.checkpoint import (
@@ -53,18 +37,17 @@ from magrpo.checkpoint import (
 )
 from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
+from magrpo.data_order import DataOrder, total_steps
 from magrpo.distributed import DataParallel
-from magrpo.logging_utils import MetricsLogger, NullMetricsLogger
+from magrpo.env_contract import answer_stops, check_horizon, check_text_env
+from magrpo.loading import agent_devices, load_policies
+from magrpo.logging_utils import MetricsLogger, NullMetricsLogger, progress_bar
 from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
-from magrpo.policies import Policies, SamplingParams, load_policies
-from magrpo.rollout import Completion, RolloutResult, run_rollout
-from magrpo.speedups import Speedups, load_speedups
+from magrpo.policies import Policies, SamplingParams
+from magrpo.rollout import Completion, RolloutResult, rollout_metrics, run_rollout
+from magrpo.speedups import speedups_for
 
 logger = logging.getLogger(__name__)
-
-
-class IncompatibleEnvError(TypeError):
-    """An environment that does not speak text (or lacks the ParallelEnv API)."""
 
 
 @dataclass
@@ -98,94 +81,6 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-class DataOrder:
-    """Dataset indices in a seeded shuffled order, epoch after epoch (None: seeds only)."""
-
-    def __init__(self, num_items: int | None, seed: int):
-        self.num_items = num_items
-        self.seed = seed
-        self.epoch = 0
-        self.position = 0
-        self.consumed = 0
-
-    def _order(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
-
-    def next(self) -> tuple[int | None, int]:
-        """(dataset index or None, reset seed) of the next episode root."""
-        reset_seed = (self.seed * 1_000_003 + self.consumed) % (2**31 - 1)
-        self.consumed += 1
-        if self.num_items is None:
-            return None, reset_seed
-        index = int(self._order()[self.position])
-        self.position += 1
-        if self.position == self.num_items:
-            self.epoch, self.position = self.epoch + 1, 0
-        return index, reset_seed
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "consumed": self.consumed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self.consumed = (
-            state["epoch"],
-            state["position"],
-            state["consumed"],
-        )
-
-
-def check_text_env(env: Any) -> list[str]:
-    """Raise IncompatibleEnvError unless every agent observes and acts in text."""
-    agents = list(getattr(env, "possible_agents", []) or [])
-    if not agents or not hasattr(env, "step") or not hasattr(env, "reset"):
-        raise IncompatibleEnvError(
-            f"{type(env).__name__} is not a PettingZoo ParallelEnv with possible_agents, reset "
-            "and step: MAGRPO needs the parallel API (wrap AEC envs with aec_to_parallel)."
-        )
-    for agent in agents:
-        for kind in ("observation_space", "action_space"):
-            space = getattr(env, kind)(agent)
-            if not isinstance(space, spaces.Text):
-                raise IncompatibleEnvError(
-                    f"{type(env).__name__}.{kind}({agent!r}) is {space!r}, not a "
-                    "gymnasium.spaces.Text: LLM agents read and write text, so MAGRPO only trains "
-                    "on environments whose observations and actions are strings."
-                )
-    return agents
-
-
-def answer_stops(env: Any) -> dict[str, tuple[str, ...]]:
-    """Per agent, the strings after which the env says an answer is complete
-    (``metadata["answer_format"][agent]["stop"]``; none for an env that declares none)."""
-    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
-    return {
-        agent: tuple(str(s) for s in found.get("stop", ()) if s)
-        for agent, found in formats.items()
-        if isinstance(found, dict)
-    }
-
-
-def check_horizon(env: Any, num_turns: int) -> None:
-    """The rollout's horizon and the env's own (``max_turns``, when it declares one) agree.
-
-    More rollout turns than the env allows would never be reached: an error. Fewer is legal
-    (the tree stops early) but is likely a slip, so it is said.
-    """
-    max_turns = getattr(env, "max_turns", None)
-    if not isinstance(max_turns, int) or max_turns == num_turns:
-        return
-    if num_turns > max_turns:
-        raise IncompatibleEnvError(
-            f"num_turns={num_turns}, but the env ends every episode after {max_turns} turn(s): "
-            f"the extra turns would never be reached. Pass --num-turns {max_turns}, or make the "
-            f"env with max_turns={num_turns} (--env-kwargs '{{\"max_turns\": {num_turns}}}')."
-        )
-    logger.warning(
-        "num_turns=%d but the env allows %d turns: rollouts stop after %d turn(s), and the "
-        "env's later turns are never trained.", num_turns, max_turns, num_turns,
-    )
-
-
 class MAGRPOTrainer:
     """Train one policy per agent of ``env`` with MAGRPO (see ``MAGRPOConfig``)."""
 
@@ -217,10 +112,10 @@ class MAGRPOTrainer:
                 "number of processes."
             )
         if config.generation_backend == "vllm":
-            from magrpo.vllm_sampler import import_vllm
+            from magrpo.vllm_sampler import import_vllm, start_vllm
 
             import_vllm()
-        self.speedups = _speedups(config)
+        self.speedups = speedups_for(config)
         self.speedups.check_config(
             config, self.parallel.world_size, getattr(self.accelerator, "scaler", None) is not None
         )
@@ -251,13 +146,17 @@ class MAGRPOTrainer:
             for agent in self.agents
         }
         self.speedups.prepare_run(self.policies, self.optimizers)
-        self.vllm = self._start_vllm() if config.generation_backend == "vllm" else None
+        self.vllm = None
+        if config.generation_backend == "vllm":  # start_vllm was imported above
+            self.vllm = start_vllm(self.policies, self.model_paths, config)
         num_items = getattr(env, "num_items", None)
         self.data_order = DataOrder(
             num_items if isinstance(num_items, int) and not isinstance(num_items, bool) else None,
             config.seed,
         )
-        self.total_steps = self._total_steps()
+        self.total_steps = total_steps(
+            self.data_order.num_items, config.max_steps, config.num_epochs, config.prompts_per_step
+        )
         self.loss_fn = get_loss(config.loss_type)
         stop = answer_stops(env) if config.stop_at_answer_end else {}
         self.train_sampling = SamplingParams(
@@ -301,72 +200,11 @@ class MAGRPOTrainer:
             use_chat_template=config.use_chat_template,
             need_reference=config.kl_coef > 0,
             device=self.accelerator.device,
-            agent_devices=self._agent_devices(),
+            agent_devices=agent_devices(
+                config.agent_devices, self.agents, self.parallel.world_size
+            ),
             speedups=self.speedups,
         )
-
-    def _agent_devices(self) -> list[torch.device] | None:
-        names = self.config.agent_devices
-        if names is None:
-            return None
-        if self.parallel.world_size > 1:
-            raise ConfigError(
-                "--agent-devices places each agent on a fixed device, but this run has "
-                f"{self.parallel.world_size} data-parallel processes, which each take their own "
-                "device: drop --agent-devices, or run one process."
-            )
-        if len(names) != len(self.agents):
-            raise ConfigError(
-                f"--agent-devices lists {len(names)} device(s) but the env has "
-                f"{len(self.agents)} agents ({', '.join(self.agents)}): give one per agent."
-            )
-        devices = []
-        for name in names:
-            try:
-                device = torch.device(name)
-            except RuntimeError as error:
-                raise ConfigError(
-                    f"--agent-devices: {name!r} is not a torch device ({error})."
-                ) from None
-            if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-                raise ConfigError(
-                    f"--agent-devices: {name} does not exist; this machine has "
-                    f"{torch.cuda.device_count()} CUDA device(s)."
-                )
-            devices.append(device)
-        return devices
-
-    def _start_vllm(self) -> Any:
-        from magrpo.vllm_sampler import VLLMSampler
-
-        if not self.model_paths:
-            raise ConfigError(
-                "--generation-backend vllm starts vLLM from the model's files, but the trainer "
-                "was given ready-made policies: let it load them (--model), or use the hf backend."
-            )
-        return VLLMSampler(
-            self.policies,
-            self.model_paths[0],
-            dtype=self.config.dtype,
-            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
-            seed=self.config.seed,
-        )
-
-    def _total_steps(self) -> int:
-        config = self.config
-        if config.num_epochs is None:
-            return int(config.max_steps)
-        if self.data_order.num_items is None:
-            if config.max_steps is None:
-                raise ConfigError(
-                    "num_epochs needs an env with an integer num_items (a dataset size); this env "
-                    "has none: set --max-steps instead."
-                )
-            return int(config.max_steps)
-        epoch_steps = math.ceil(
-            config.num_epochs * self.data_order.num_items / config.prompts_per_step
-        )
-        return min(epoch_steps, config.max_steps) if config.max_steps else epoch_steps
 
     def _sample_fn(self, params: SamplingParams) -> Callable:
         """The rollout's ``sample_fn``: transformers' generate, or vLLM when it serves."""
@@ -552,7 +390,7 @@ class MAGRPOTrainer:
         update_started = time.perf_counter()
         update_metrics = self.update(samples)
         update_seconds = time.perf_counter() - update_started
-        everyone = self._gather_rollouts(rollout)
+        everyone = self.parallel.gather_rollouts(rollout)
         metrics = {
             **rollout_metrics(everyone),
             **sample_metrics,
@@ -584,29 +422,6 @@ class MAGRPOTrainer:
         summed = iter(self.parallel.sum([value for row in local for value in row]))
         return {agent: AgentTotals(*(next(summed) for _ in range(3))) for agent in self.agents}
 
-    def _gather_rollouts(self, rollout: RolloutResult) -> RolloutResult:
-        """Every process's rollout as one record for metrics (texts and token ids left out).
-
-        Seconds are the slowest process's: it sets the step time.
-        """
-        if self.parallel.world_size == 1:
-            return rollout
-        slim = RolloutResult(
-            [dataclasses.replace(n, samples={}, observations={}) for n in rollout.nodes],
-            rollout.num_roots,
-            rollout.seconds_generate,
-            rollout.seconds_env,
-            rollout.generated_tokens,
-        )
-        shares = self.parallel.gather([slim])
-        return RolloutResult(
-            [node for share in shares for node in share.nodes],
-            sum(share.num_roots for share in shares),
-            max(share.seconds_generate for share in shares),
-            max(share.seconds_env for share in shares),
-            sum(share.generated_tokens for share in shares),
-        )
-
     # --- evaluation ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Roll out ``eval_size`` items of the eval env with the eval sampling settings."""
@@ -633,7 +448,7 @@ class MAGRPOTrainer:
             discount=self.config.discount,
             root_seeds=[reset_seed for _, reset_seed in items],
         )
-        everyone = self._gather_rollouts(rollout)
+        everyone = self.parallel.gather_rollouts(rollout)
         return {f"eval/{k}": v for k, v in rollout_metrics(everyone).items()}
 
     # --- checkpoints -----------------------------------------------------------------------
@@ -717,7 +532,7 @@ class MAGRPOTrainer:
         else:  # every process computes the same metrics; one writes them
             metrics_logger = NullMetricsLogger(self.output_dir)
         history: list[dict[str, Any]] = []
-        progress = _progress_bar(
+        progress = progress_bar(
             config.progress_bar and self.parallel.is_main, self.total_steps, self.step
         )
         try:
@@ -779,47 +594,3 @@ def _adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float):
     the fused one adds nothing and takes 0.16 s."""
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
-
-
-def _speedups(config: MAGRPOConfig) -> Speedups:
-    if config.speedups == "off":
-        return load_speedups("off")
-    return load_speedups(
-        "auto",
-        side_by_side=config.sample_side_by_side,
-        gradient_checkpointing=config.gradient_checkpointing,
-        reuse_sampled_states=config.reuse_sampled_states,
-        optimizer_in_backward=config.optimizer_in_backward,
-        cpu_heap=config.cpu_heap,
-    )
-
-
-def _progress_bar(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="magrpo", unit="step", dynamic_ncols=True)
-
-
-def rollout_metrics(rollout: RolloutResult) -> dict[str, float]:
-    """Joint reward mean/std per turn, return of the first turn, every reward part's mean."""
-    metrics: dict[str, float] = {}
-    for turn in range(rollout.num_turns_reached):
-        joints = [j for node in rollout.nodes_at_turn(turn) for j in node.joints]
-        rewards = np.array([j.reward for j in joints])
-        prefix = "reward" if turn == 0 else f"turn{turn + 1}/reward"
-        metrics[f"{prefix}/mean"] = float(rewards.mean())
-        metrics[f"{prefix}/std"] = float(rewards.std())
-        parts: dict[str, list[float]] = defaultdict(list)
-        for joint in joints:
-            for name, value in joint.reward_parts.items():
-                parts[name].append(value)
-        part_prefix = "reward_parts" if turn == 0 else f"turn{turn + 1}/reward_parts"
-        for name, values in parts.items():
-            metrics[f"{part_prefix}/{name}"] = float(np.mean(values))
-    metrics["return/mean"] = float(
-        np.mean([j.value for n in rollout.nodes_at_turn(0) for j in n.joints])
-    )
-    metrics["num_nodes"] = float(len(rollout.nodes))
-    return metrics

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from magrpo.answers import completion_from_ids
 from magrpo.config import ConfigError
-from magrpo.policies import completion_from_ids
 from magrpo.rollout import Completion
 
 if TYPE_CHECKING:
@@ -260,6 +260,22 @@ class VLLMSampler:
 
 
 # --- helpers (module level so they can be tested without vLLM) -------------------------------
+def start_vllm(policies: Policies, model_paths: list[str], config: Any) -> VLLMSampler:
+    """vLLM serving the trainer's shared base and adapters (``--generation-backend vllm``)."""
+    if not model_paths:
+        raise ConfigError(
+            "--generation-backend vllm starts vLLM from the model's files, but the trainer "
+            "was given ready-made policies: let it load them (--model), or use the hf backend."
+        )
+    return VLLMSampler(
+        policies,
+        model_paths[0],
+        dtype=config.dtype,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        seed=config.seed,
+    )
+
+
 def completion_from_vllm(
     agent: str,
     prompt_ids: list[int],

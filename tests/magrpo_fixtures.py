@@ -188,7 +188,7 @@ def policies_to_compare(model_path: str, finetune: str):
     initialises lora_B to zero)."""
     import torch
 
-    from magrpo.policies import load_policies
+    from magrpo.loading import load_policies
 
     torch.manual_seed(0)
     agents = ["alice"] if finetune == "full" else ["alice", "bob"]

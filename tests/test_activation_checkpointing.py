@@ -10,7 +10,7 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     tiny_model_path_per_architecture,
 )
 
-from magrpo.policies import load_policies
+from magrpo.loading import load_policies
 from magrpo.speedups.activation_checkpointing import CheckpointingUnsupported, decoder_layers
 
 

@@ -19,10 +19,11 @@ from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest 
 import llm_marl_envs
 from llm_marl_envs.wrappers.joint_text import split_response
 from magrpo import evaluate as ev
+from magrpo.loading import load_policies
 from magrpo.metrics import best_at_k, compute_metrics, pass_at_k
 from magrpo.plot import main as plot_main
 from magrpo.plot import plot_training
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.policies import SamplingParams
 from magrpo.protocols import (
     PROTOCOLS,
     Actor,
@@ -414,6 +415,25 @@ def test_cli_user_errors_are_one_paragraph(argv, needle, capsys):
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_cli_is_built_like_the_trainers():
+    """Flags come from EvalSettings as train's come from MAGRPOConfig: the same list syntax
+    (space- or comma-separated) and help grouped by the settings' sections."""
+    from magrpo.config import build_arg_parser
+
+    space = ev.settings_from_args(["--env", "tldr", "--protocols", "parallel", "single",
+                                   "--k", "1", "3", "--models", "a", "b"])  # fmt: skip
+    comma = ev.settings_from_args(["--env", "tldr", "--protocols", "parallel,single",
+                                   "--k", "1,3", "--models", "a,b"])  # fmt: skip
+    assert space == comma
+    assert (space.protocols, space.k, space.models) == (["parallel", "single"], [1, 3], ["a", "b"])
+    assert ev.settings_from_args(["--env", "tldr"]).protocols == list(ev.DEFAULT_BASELINES)
+    assert build_arg_parser().parse_args(["--models", "a", "b"]).models == ["a", "b"]
+    assert "Sampling and metrics:" in ev.build_parser().format_help()
+    assert "Speed and memory:" in build_arg_parser().format_help()
+    with pytest.raises(SystemExit):
+        ev.build_parser().parse_args([])  # --env is required
 
 
 def test_cli_empty_adapters_folder(tmp_path, capsys):

@@ -7,13 +7,9 @@ import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
 import magrpo.speedups.llama_decode as llama_decode
-from magrpo.policies import (
-    SamplingParams,
-    last_position_pass,
-    load_policies,
-    output_cache,
-    position_ids,
-)
+from magrpo.forwards import last_position_pass, output_cache, position_ids
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.speedups import blocked_matmul
 from magrpo.speedups.decode_attention import DecodeAttention
 from magrpo.speedups.llama_decode import LlamaDecodeStep, llama_decode_supported, separate_weights

@@ -9,8 +9,9 @@ import pytest
 from magrpo_fixtures import WordGameEnv, build_tiny_model, build_tokenizer
 
 from magrpo.config import ConfigError, MAGRPOConfig
-from magrpo.policies import ModelLoadError, load_policies
-from magrpo.trainer import IncompatibleEnvError, check_horizon
+from magrpo.env_contract import IncompatibleEnvError, check_horizon
+from magrpo.errors import ModelLoadError
+from magrpo.loading import load_policies
 
 
 def test_a_group_of_one_is_refused_where_the_baseline_needs_a_group():

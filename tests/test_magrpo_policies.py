@@ -5,7 +5,8 @@ import pytest
 import torch
 from magrpo_fixtures import tiny_model_path_per_architecture  # noqa: F401 - pytest fixture
 
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.rollout import Completion
 
 AGENTS = ["alice", "bob"]

@@ -10,9 +10,10 @@ from magrpo_fixtures import WordGameEnv, tiny_model_path  # noqa: F401 - pytest 
 
 from magrpo.checkpoint import latest_checkpoint, list_checkpoints
 from magrpo.config import ConfigError, MAGRPOConfig
+from magrpo.env_contract import IncompatibleEnvError
 from magrpo.rollout import Completion
 from magrpo.speedups.auto import keeps_freed_memory
-from magrpo.trainer import IncompatibleEnvError, MAGRPOTrainer, TrainSample
+from magrpo.trainer import MAGRPOTrainer, TrainSample
 
 
 def make_config(output_dir, model, **changes) -> MAGRPOConfig:
@@ -182,9 +183,9 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
             gradient_checkpointing=saving, optimizer_in_backward=saving,
         )  # fmt: skip
         trainer, _ = run(config)
-        assert trainer.policies.speedups.gradient_checkpointing is saving
-        assert bool(trainer.backward_steps) is saving
         speedups = trainer.policies.speedups
+        assert speedups.gradient_checkpointing is saving
+        assert bool(speedups._backward_steps) is saving
         assert speedups.passes_in_turn is speedups.lend_decode_weights is saving
         weights[saving] = trainable(trainer)
     for agent, params in weights[False].items():
@@ -204,6 +205,7 @@ def test_reused_sampled_states_train_as_the_ordinary_pass(
     step ends where the ordinary pass's does, up to AdamW's first step on gradients equal up
     to rounding (sign(g) * lr, so a near-zero gradient's rounding may move it by < lr / 4)."""
     import magrpo.policies
+    import magrpo.speedups.auto
 
     calls = {"from states": 0, "log-prob passes": 0}
 
@@ -215,9 +217,9 @@ def test_reused_sampled_states_train_as_the_ordinary_pass(
         return call
 
     monkeypatch.setattr(
-        magrpo.policies,
+        magrpo.speedups.auto,
         "final_hidden_from_states",
-        counted("from states", magrpo.policies.final_hidden_from_states),
+        counted("from states", magrpo.speedups.auto.final_hidden_from_states),
     )
     monkeypatch.setattr(
         magrpo.policies.Policies,
@@ -266,7 +268,7 @@ def test_non_text_env_is_rejected(tmp_path):
 
 
 def test_unloadable_model_is_a_clear_error(tmp_path):
-    from magrpo.policies import ModelLoadError
+    from magrpo.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="--model"):
         MAGRPOTrainer(
@@ -339,7 +341,7 @@ def test_agent_devices_place_separate_models(tmp_path, tiny_model_path):  # noqa
 
 
 def test_agent_devices_errors(tmp_path, tiny_model_path):  # noqa: F811
-    from magrpo.policies import ModelLoadError
+    from magrpo.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="one shared base"):  # LoRA: one base, one device
         run(make_config(tmp_path / "a", tiny_model_path, agent_devices=["cpu", "meta"]))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from magrpo_fixtures import build_tiny_model
 
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.rollout import Completion
 
 TEMPERATURE = 0.5
@@ -59,7 +60,7 @@ def test_temperature_one_is_the_models_own_distribution(tmp_path):
 def test_answers_end_at_their_agents_stop_string(tmp_path):
     """The decode loop stops a row at the token that completes its agent's stop string, and
     the completion (ids and text) ends there: what is trained is what the env receives."""
-    from magrpo.policies import completion_from_ids
+    from magrpo.answers import completion_from_ids
 
     policies = load_policies(["alice", "bob"], [str(build_tiny_model(tmp_path / "tiny"))] * 2)
     tokenizer = policies.models[0].tokenizer

@@ -12,7 +12,8 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
     tiny_model_path_per_architecture,
 )
 
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.speedups.sampled_states import StateStore
 
 

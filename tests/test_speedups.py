@@ -10,7 +10,8 @@ from magrpo_fixtures import (  # noqa: F401 - pytest fixture
 )
 
 from magrpo.config import ConfigError, MAGRPOConfig
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.speedups import Speedups
 from magrpo.speedups.auto import AutoSpeedups
 from magrpo.trainer import MAGRPOTrainer

@@ -21,7 +21,8 @@ import torch
 from magrpo_fixtures import build_tiny_model, build_tokenizer, tiny_model_path  # noqa: F401
 
 from magrpo import vllm_sampler
-from magrpo.policies import SamplingParams, load_policies
+from magrpo.loading import load_policies
+from magrpo.policies import SamplingParams
 from magrpo.vllm_sampler import VLLMSampler, VLLMUnavailableError, completion_from_vllm
 
 AGENTS = ["alice", "bob"]

@@ -97,3 +97,12 @@ def load_speedups(mode: str = "auto", **options: Any) -> Speedups:
 
         return AutoSpeedups(**options)
     raise ValueError(f"speedups must be one of {SPEEDUP_MODES}, got {mode!r}")
+
+
+def speedups_for(config: Any) -> Speedups:
+    """The speed-ups a ``MAGRPOConfig`` asks for (``speedups`` and the memory options)."""
+    if config.speedups == "off":
+        return Speedups()
+    from magrpo.speedups.auto import AutoSpeedups
+
+    return AutoSpeedups.from_config(config)

@@ -17,18 +17,9 @@ from typing import Any
 import torch
 
 from magrpo.config import ConfigError
-from magrpo.policies import (
-    Decoding,
-    LoadedModel,
-    LogprobBatch,
-    LogprobInputs,
-    completion_inputs,
-    last_position_pass,
-    output_cache,
-    position_ids,
-    static_cache_forward,
-    token_logprobs,
-)
+from magrpo.forwards import last_position_pass, output_cache, position_ids, static_cache_forward
+from magrpo.losses import token_logprobs
+from magrpo.policies import Decoding, LoadedModel, LogprobBatch, LogprobInputs, completion_inputs
 from magrpo.rollout import Completion
 from magrpo.speedups import Speedups
 from magrpo.speedups.activation_checkpointing import (
