@@ -39,10 +39,10 @@ def _same_rollout_updates(trainer):
     its time as ``train_step`` would (sampling: the rollout's own time, each round)."""
     rollout = trainer.collect()
     samples, _ = trainer.build_samples(rollout)
-    states = trainer.policies.sampled_states
+    states = trainer.speedups.sampled_states
 
     def update():
-        trainer.policies.sampled_states = states  # each update drops them (weights change)
+        trainer.speedups.sampled_states = states  # each update drops them (weights change)
         started = time.perf_counter()
         trainer.update(samples)
         return {"time/generate": rollout.seconds_generate,
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         from magrpo.models import resolve_model
 
         args.model = resolve_model(None)
-    from magrpo import onednn
+    from magrpo.speedups import onednn
 
     seconds = {choice: {"generate": [], "update": []} for choice in CHOICES}
     with tempfile.TemporaryDirectory(prefix="bench-kernels-") as out_dir:
