@@ -39,8 +39,8 @@ train: setup
 lint: setup
 	$(BIN)/ruff check llm_marl_envs magrpo tests examples benchmarks
 
-# Chronology in the docs or the code (benchmarks/HISTORY.md is the place for it); BASE=main
-# lists only the lines added since main.
+# Chronology in the docs or the code (benchmarks/HISTORY.md is the place for it); BASE=main:
+# only the lines this branch adds since it left main.
 check-wording:
 	$(PYTHON) scripts/check_wording.py $(if $(BASE),--base $(BASE))
 

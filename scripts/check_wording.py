@@ -8,8 +8,9 @@ ordinal run headings ("Sixteenth session"), "fix 34" / "fixes 11-15", a work "se
 not findings.
 
     python scripts/check_wording.py                  # every line of the checked files
-    python scripts/check_wording.py --base main      # only lines the diff from main adds
-                                                     # (new untracked files count whole)
+    python scripts/check_wording.py --base main      # only lines this branch adds since it
+                                                     # left main (the working tree included;
+                                                     # new untracked files count whole)
 
 Prints ``file:line: text`` per finding and exits with status 1 when there is any.
 """
@@ -99,7 +100,14 @@ def line_findings(path: str, number: int, text: str) -> list[Finding]:
 
 
 def added_lines(base: str, files: list[str], root: Path = REPO) -> dict[str, set[int]]:
-    """Line numbers (in the working tree) that the diff from ``base`` adds, per file."""
+    """Line numbers (in the working tree) that the diff from ``base`` adds, per file.
+
+    The diff starts at the merge base of ``base`` and HEAD, so lines that ``base`` gained
+    since this branch left it do not count as added here."""
+    fork = subprocess.run(["git", "merge-base", base, "HEAD"], cwd=root, capture_output=True,
+                          text=True)
+    if fork.returncode == 0:
+        base = fork.stdout.strip()
     diff = subprocess.run(
         ["git", "diff", "--unified=0", "--no-color", "--no-ext-diff", base, "--", *files],
         cwd=root, capture_output=True, text=True, check=True,
@@ -140,7 +148,8 @@ def find(root: Path = REPO, base: str | None = None) -> list[Finding]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", metavar="REV",
-                        help="only lines that the diff from REV (to the working tree) adds")
+                        help="only lines added since the merge base of REV and HEAD "
+                             "(the working tree included)")
     args = parser.parse_args(argv)
     findings = find(base=args.base)
     for finding in findings:

@@ -82,3 +82,24 @@ def test_base_lists_only_added_lines(wording, tmp_path):
     found = {str(f) for f in wording.find(tmp_path, base="HEAD")}
     assert found == {"README.md:2: New, after fix 2.", "docs/new.md:1: The VM was slow."}
     assert len(wording.find(tmp_path)) == 3
+
+
+def test_base_counts_from_where_the_branch_left_it(wording, tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q", "-b", "trunk")
+    (tmp_path / "README.md").write_text("Start.\n")
+    git("add", ".")
+    git("commit", "-qm", "base")
+    git("checkout", "-qb", "branch")
+    (tmp_path / "README.md").write_text("Start.\nBranch line, fix 1.\n")
+    git("commit", "-qam", "branch")
+    git("checkout", "-q", "trunk")
+    (tmp_path / "CONTRIBUTING.md").write_text("Trunk line from session 9.\n")
+    git("add", ".")
+    git("commit", "-qm", "trunk moves on")
+    git("checkout", "-q", "branch")
+    found = {str(f) for f in wording.find(tmp_path, base="trunk")}
+    assert found == {"README.md:2: Branch line, fix 1."}
