@@ -13,7 +13,7 @@ ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast train lint clean
+.PHONY: setup test test-fast train lint check-wording clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ train: setup
 
 lint: setup
 	$(BIN)/ruff check llm_marl_envs magrpo tests examples benchmarks
+
+# Chronology in the docs or the code (benchmarks/HISTORY.md is the place for it); BASE=main:
+# only the lines this branch adds since it left main.
+check-wording:
+	$(PYTHON) scripts/check_wording.py $(if $(BASE),--base $(BASE))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -18,8 +18,9 @@ What it does:
 4. Reports, per trainer: median seconds per step (after ``--warmup`` steps of each run),
    generated tokens per second of training (tokens / step seconds), peak RSS, and the ratios
    ours/theirs. Results go to ``benchmarks/.results/compare-<mode>[-<our extra flags>].json``
-   and a Markdown table to stdout; ``--write-docs`` also adds it to docs/benchmarks.md as a
-   new dated section, above the earlier ones (at the ``compare:newest-first`` marker).
+   and a Markdown table to stdout; ``--write-docs`` also adds it to benchmarks/HISTORY.md as
+   a new entry, dated and keyed by commit, above the earlier ones (docs/benchmarks.md keeps
+   one current table, updated by hand from these entries).
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ RESULTS = BENCH / ".results"
 RUNNER = BENCH / "comlrl_runner.py"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "coophumaneval" / "coophumaneval.json"
 COMLRL_VERSION = "1.4.3"
-DOCS = REPO / "docs" / "benchmarks.md"
-NEWEST_FIRST = "<!-- compare:newest-first -->"  # new result sections go right below it
+HISTORY = BENCH / "HISTORY.md"  # dated entries, keyed by commit, newest first
 
 
 # --- CoMLRL's virtual environment -----------------------------------------------------------
@@ -309,18 +309,37 @@ def markdown(results: dict) -> str:
 
 
 def write_docs(table: str, meta: str, argv: list[str]) -> None:
-    """A new section with the table, dated and named after the machine and the command,
-    below the marker: earlier results stay as they were."""
-    text = DOCS.read_text()
-    if NEWEST_FIRST not in text:
+    """A new entry in benchmarks/HISTORY.md, dated, keyed by commit and named after the
+    machine and the command, above the earlier entries (which stay as they were)."""
+    if not HISTORY.exists():
         raise SystemExit(
-            f"{DOCS} has no line {NEWEST_FIRST!r}, where --write-docs puts new results. "
-            "Add it (e.g. right under '## Results') and run again, or run without --write-docs."
+            f"{HISTORY} does not exist: --write-docs adds entries to it. Create it with a "
+            "title line ('# Benchmark history') or run without --write-docs."
         )
-    heading = f"### {time.strftime('%Y-%m-%d')}, {machine()}"
+    text = HISTORY.read_text()
     command = " ".join(["compare_comlrl.py", *argv])
-    section = f"{heading}\n\n{table}\n\n_`{command}`._ {meta}\n"
-    DOCS.write_text(text.replace(NEWEST_FIRST, f"{NEWEST_FIRST}\n\n{section}", 1))
+    entry = (
+        f"## {time.strftime('%Y-%m-%d')} · `{commit()}` · {command}\n\n"
+        f"{machine()}.\n\n{table}\n\n{meta}\n\n"
+    )
+    first = text.find("\n## ")  # the newest entry so far
+    if first < 0:
+        text = text.rstrip("\n") + "\n\n" + entry
+    else:
+        text = text[: first + 1] + entry + text[first + 1:]
+    HISTORY.write_text(text.rstrip("\n") + "\n")
+
+
+def commit() -> str:
+    """The checkout's short commit, with ``+changes`` when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return head + ("+changes" if dirty.strip() else "")
 
 
 def machine() -> str:
@@ -381,7 +400,8 @@ def parse_args(argv=None):
                         "drop below this (e.g. 1.5 on 2 cores).")
     p.add_argument("--ours-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--write-docs", action="store_true",
-                   help="Also add the table to docs/benchmarks.md, as a new section.")
+                   help="Also add the table to benchmarks/HISTORY.md, as a new entry dated "
+                        "and keyed by commit.")
     return p.parse_args(argv)
 
 

@@ -13,27 +13,35 @@ def compare(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("compare_comlrl", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "DOCS", tmp_path / "benchmarks.md")
+    monkeypatch.setattr(module, "HISTORY", tmp_path / "HISTORY.md")
+    monkeypatch.setattr(module, "commit", lambda: "abc1234")
     return module
 
 
-def test_write_docs_adds_a_section_above_the_earlier_ones(compare):
-    compare.DOCS.write_text(
-        f"# B\n\n## Results\n\n{compare.NEWEST_FIRST}\n\n### Earlier\n\n| old |\n"
+def test_write_docs_adds_a_dated_history_entry_above_the_earlier_ones(compare):
+    compare.HISTORY.write_text(
+        "# Benchmark history\n\nIntro.\n\n## 2026-01-01 · `0000000` · old\n\n| old |\n"
     )
     compare.write_docs("| first |", "_meta 1._", ["--modes", "lora"])
     compare.write_docs("| second |", "_meta 2._", ["--modes", "full"])
-    text = compare.DOCS.read_text()
+    text = compare.HISTORY.read_text()
+    assert text.startswith("# Benchmark history\n\nIntro.\n\n## ")
     assert text.index("| second |") < text.index("| first |") < text.index("| old |")
-    assert "`compare_comlrl.py --modes full`" in text and compare.machine() in text
-    assert text.count(compare.NEWEST_FIRST) == 1
+    assert "· `abc1234` · compare_comlrl.py --modes full\n" in text
+    assert compare.machine() in text and text.count("## ") == 3
 
 
-def test_write_docs_without_the_marker_says_where_to_put_it(compare):
-    compare.DOCS.write_text("# B\n\n| old |\n")
-    with pytest.raises(SystemExit, match="compare:newest-first"):
+def test_write_docs_into_a_history_without_entries_appends(compare):
+    compare.HISTORY.write_text("# Benchmark history\n")
+    compare.write_docs("| new |", "_meta._", [])
+    text = compare.HISTORY.read_text()
+    assert text.startswith("# Benchmark history\n\n## ") and text.endswith("_meta._\n")
+
+
+def test_write_docs_without_a_history_file_says_so(compare):
+    with pytest.raises(SystemExit, match="HISTORY.md does not exist"):
         compare.write_docs("| new |", "_meta._", [])
-    assert compare.DOCS.read_text() == "# B\n\n| old |\n"  # untouched
+    assert not compare.HISTORY.exists()
 
 
 def test_results_of_different_options_go_to_different_files(compare):

@@ -1,0 +1,33 @@
+"""docs/training.md's config reference matches MAGRPOConfig (scripts/config_reference.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "config_reference.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("config_reference", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_doc_has_the_current_config_reference():
+    reference = load()
+    assert reference.current(reference.DOC.read_text()) == reference.render(), (
+        "docs/training.md's config reference is stale: run "
+        "python scripts/config_reference.py --write"
+    )
+
+
+def test_every_config_field_is_in_a_group():
+    import dataclasses
+
+    from magrpo.config import MAGRPOConfig
+
+    reference = load()
+    grouped = [name for _, names in reference.groups() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(MAGRPOConfig))
