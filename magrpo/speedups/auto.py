@@ -492,23 +492,6 @@ def _embed_together(
     return prompts.view(*prompt_ids.shape, -1), targets.view(*target_ids.shape, -1)
 
 
-def _embed_together(
-    embedding: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    target_ids: torch.Tensor,
-    tied: TiedGradient | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input embeddings of the prompts [P, Lp] and the completions [B, W], looked up in
-    one call: when the embedding is trained (full fine-tuning), its backward then makes one
-    dense [vocab, hidden] gradient instead of one per pass (113 MB each for SmolLM2 in
-    float32, each zero-filled and then added to the other). ``tied``: the output layer's
-    gradient takes the lookup's rows instead (``tied_weights``)."""
-    ids = torch.cat([prompt_ids.reshape(-1), target_ids.reshape(-1)])
-    looked_up = embedding(ids) if tied is None else tied_lookup(embedding, ids, tied)
-    prompts, targets = looked_up.split([prompt_ids.numel(), target_ids.numel()])
-    return prompts.view(*prompt_ids.shape, -1), targets.view(*target_ids.shape, -1)
-
-
 def _head_split(model, device) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     get_decoder = getattr(base, "get_decoder", None)
