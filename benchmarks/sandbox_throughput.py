@@ -33,9 +33,9 @@ from llm_marl_envs.sandbox import (
     SandboxSettings,
     SandboxUnavailableError,
     TestJob,
-    forkserver,
     run_many,
     run_tests,
+    zygote_client,
 )
 
 TIMEOUT = 3.0
@@ -111,12 +111,12 @@ def overhead_ms(mode: str, runs: int = 50) -> tuple[float, float]:
     settings = SandboxSettings(isolation=mode)
     run_tests(job, settings)
     times = []
-    cpu = forkserver.cpu_seconds()
+    cpu = zygote_client.cpu_seconds()
     for _ in range(runs):
         start = time.perf_counter()
         run_tests(job, settings)
         times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times), 1000 * (forkserver.cpu_seconds() - cpu) / runs
+    return 1000 * statistics.median(times), 1000 * (zygote_client.cpu_seconds() - cpu) / runs
 
 
 def main() -> None:

@@ -96,9 +96,9 @@ def test_weights_blocked_in_place_come_back_exactly():
     assert torch.equal(weights[0], blocked)
     assert torch.equal(weights[1], originals[1])
     torch.testing.assert_close(product(x), x @ torch.cat(originals).t(), rtol=1e-5, atol=1e-5)
-    product.give_back()
+    product.restore_weights()
     assert all(torch.equal(w, o) for w, o in zip(weights, originals, strict=True))
-    with pytest.raises(RuntimeError, match="after give_back"):
+    with pytest.raises(RuntimeError, match="after restore_weights"):
         product(x)
 
 

@@ -193,14 +193,14 @@ def full_model(tiny_model_path_per_architecture, decode_kernel):  # noqa: F811
     return full
 
 
-def _full_step(policies, lend: bool):
+def _full_step(policies, reuse: bool):
     """A decode step (GROUP rows of one prompt) of a fully fine-tuned model, its inputs."""
     backend = policies.models[0]
     network, head = policies.speedups.split(backend, backend.model)
     ids, mask, _ = backend.pad_batch([policies.encode_prompt(AGENTS[0], "say words")])
     with torch.inference_mode():
         prefix = output_cache(last_position_pass(network, head, ids[:, :-1], mask[:, :-1]))
-    step = LlamaDecodeStep(network, head, prefix, mask[:, :-1], GROUP, 8, lend_weights=lend)
+    step = LlamaDecodeStep(network, head, prefix, mask[:, :-1], GROUP, 8, reuse_weight_memory=reuse)
     last = ids[:, -1:].repeat_interleave(GROUP, dim=0)
     positions = position_ids(mask)[:, -1:].repeat_interleave(GROUP, dim=0)
     return step, last, positions
@@ -211,7 +211,7 @@ def _layer_weights(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in named if "layers." in n and n.endswith("proj.weight")}
 
 
-def _lent(weight: torch.Tensor, before: torch.Tensor, kernel: str) -> bool:
+def _memory_reused(weight: torch.Tensor, before: torch.Tensor, kernel: str) -> bool:
     """Whether the decode step holds ``weight``'s memory: blocked in place (the blocked
     kernel) or freed for a packed copy (oneDNN)."""
     if kernel == "blocked":
@@ -223,18 +223,20 @@ def test_lent_weights_decode_the_same_and_come_back_exactly(full_model, decode_k
     model = full_model.models[0].model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     logits = {}
-    for lend in (False, True):
-        step, ids, positions = _full_step(full_model, lend)
-        lent = [_lent(w, before[n], decode_kernel) for n, w in _layer_weights(model).items()]
-        assert all(lent) if lend else not any(lent)
+    for reuse in (False, True):
+        step, ids, positions = _full_step(full_model, reuse)
+        reused = [
+            _memory_reused(w, before[n], decode_kernel) for n, w in _layer_weights(model).items()
+        ]
+        assert all(reused) if reuse else not any(reused)
         with torch.inference_mode():
-            logits[lend] = [step.step(ids, positions + k) for k in range(3)]
-        step.give_back()
+            logits[reuse] = [step.step(ids, positions + k) for k in range(3)]
+        step.restore_weights()
         for name, param in model.named_parameters():
             assert torch.equal(param, before[name]), name
-    for lent, kept in zip(logits[True], logits[False], strict=True):
-        assert torch.equal(lent, kept)
-    # the output layer (tied to the embedding, read at every step) is never lent
+    for reused, kept in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(reused, kept)
+    # the output layer (tied to the embedding, read at every step) never gives its memory
     assert model.get_output_embeddings().weight.untyped_storage().nbytes() > 0
 
 
@@ -245,7 +247,7 @@ def test_weights_lent_before_packing_fails_come_back(full_model, decode_kernel, 
     module, name, fail_at = (
         (blocked_matmul, "_transpose_blocks", 9)  # within layer 2's q, k, v
         if decode_kernel == "blocked"
-        else (llama_decode, "pack_weight", 6)  # layer 2's o, after layer 1 was lent
+        else (llama_decode, "pack_weight", 6)  # layer 2's o, after layer 1's memory was reused
     )
     original, calls = getattr(module, name), []
 
@@ -257,7 +259,7 @@ def test_weights_lent_before_packing_fails_come_back(full_model, decode_kernel, 
 
     monkeypatch.setattr(module, name, failing)
     with pytest.raises(RuntimeError, match="out of memory"):
-        _full_step(full_model, lend=True)
+        _full_step(full_model, reuse=True)
     for name, param in model.named_parameters():
         assert param.untyped_storage().nbytes() > 0, name
         assert torch.equal(param, before[name]), name
@@ -276,18 +278,19 @@ def test_weights_that_share_their_memory_are_not_lent_until_separated(
         weight.data = shared[offset : offset + weight.numel()].view_as(weight)
         offset += weight.numel()
     values = [w.detach().clone() for w in weights]
-    step, _, _ = _full_step(full, lend=True)
-    assert not any(_lent(w, v, decode_kernel) for w, v in zip(weights, values, strict=True))
+    step, _, _ = _full_step(full, reuse=True)
+    pairs = zip(weights, values, strict=True)
+    assert not any(_memory_reused(w, v, decode_kernel) for w, v in pairs)
     assert all(w.untyped_storage().nbytes() == shared.untyped_storage().nbytes() for w in weights)
-    step.give_back()
+    step.restore_weights()
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     separate_weights(model)
     assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
     assert len({w.untyped_storage().data_ptr() for w in weights}) == len(weights)
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
-    step, _, _ = _full_step(full, lend=True)
-    assert all(_lent(w, v, decode_kernel) for w, v in zip(weights, values, strict=True))
-    step.give_back()
+    step, _, _ = _full_step(full, reuse=True)
+    assert all(_memory_reused(w, v, decode_kernel) for w, v in zip(weights, values, strict=True))
+    step.restore_weights()
     assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
 
 
@@ -297,9 +300,9 @@ def test_sampling_with_lent_weights_gives_the_same_completions(full_model):
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     requests = [(AGENTS[0], "say words"), (AGENTS[0], "task")]
     samples = {}
-    for lend in (False, True):
-        full_model.speedups.lend_decode_weights = lend
-        samples[lend] = full_model.sample(requests, GROUP, params, seeds=[1, 2])
+    for reuse in (False, True):
+        full_model.speedups.reuse_weight_memory = reuse
+        samples[reuse] = full_model.sample(requests, GROUP, params, seeds=[1, 2])
     assert [[c.completion_ids for c in r] for r in samples[True]] == [
         [c.completion_ids for c in r] for r in samples[False]
     ]

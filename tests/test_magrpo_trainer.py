@@ -173,8 +173,8 @@ def test_models_sampled_side_by_side_train_as_one_at_a_time(tmp_path, tiny_model
 def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # noqa: F811
     """Full fine-tuning with activation checkpointing and the optimizer stepped inside the
     backward (two micro-batches per model: the first accumulates, the last steps; the
-    log-prob passes in turn; weights lent to their packed decode copies) ends at the weights
-    of the plain update, bit for bit."""
+    log-prob passes in turn; the weights' memory reused by their packed decode copies) ends
+    at the weights of the plain update, bit for bit."""
     weights = {}
     for saving in (False, True):
         config = make_config(
@@ -186,7 +186,7 @@ def test_memory_savers_train_to_the_same_weights(tmp_path, tiny_model_path):  # 
         speedups = trainer.policies.speedups
         assert speedups.gradient_checkpointing is saving
         assert bool(speedups._backward_steps) is saving
-        assert speedups.passes_in_turn is speedups.lend_decode_weights is saving
+        assert speedups.passes_in_turn is speedups.reuse_weight_memory is saving
         weights[saving] = trainable(trainer)
     for agent, params in weights[False].items():
         for name, value in params.items():

@@ -32,7 +32,7 @@ import time
 import checks
 import codec
 import nsroot
-from workerproc import CandidateError, LoadFailure, Timeout, Worker
+from worker_control import CandidateError, LoadFailure, Timeout, Worker
 
 JOB_LIMIT = 64 << 20
 ERROR_CAP = 300

@@ -2,7 +2,7 @@
 
 The parent never parses or executes program text.  It validates the (trusted) test code,
 claims a run slot (sandbox uid), has the zygote fork a judge in a new session
-(``forkserver``), sends the job on its stdin, and reads nonce-tagged records from the
+(``zygote_client``), sends the job on its stdin, and reads nonce-tagged records from the
 judge's stdout.  The judge's session is killed shortly after the total budget; releasing
 the slot kills every process of the sandbox uid and removes its files.
 A report is built only from records that carry the nonce; asserts without a record count
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from . import checks, codec, forkserver, isolation, slots
+from . import checks, codec, isolation, slots, zygote_client
 from .api import STATUSES, TestJob, TestOutcome, TestReport
 from .settings import SandboxSettings
 
@@ -112,7 +112,7 @@ def _workdir(mode: str, slot: slots.Slot) -> str:
 def _drive(python: str, frames: list[dict], total_timeout: float) -> tuple[bytes, bool, bytes]:
     """Fork a judge, feed it the job frames, collect its output; kill it at the deadline."""
     deadline = time.monotonic() + total_timeout + KILL_GRACE
-    pid, stdin_w, stdout_r, stderr_r = forkserver.spawn(python)
+    pid, stdin_w, stdout_r, stderr_r = zygote_client.spawn(python)
     timed_out = True
     try:
         os.set_blocking(stdin_w, False)

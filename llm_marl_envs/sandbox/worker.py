@@ -37,7 +37,7 @@ MESSAGE_CAP = 300
 
 
 def main(argv: list[str]) -> None:
-    """Entry point of a re-exec'd worker (see ``workerproc.BOOTSTRAP``)."""
+    """Entry point of a re-exec'd worker (see ``worker_control.BOOTSTRAP``)."""
     serve(int(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "1")
 
 

@@ -81,7 +81,7 @@ class AutoSpeedups(Speedups):
         self.optimizer_in_backward = optimizer_in_backward
         self.cpu_heap = cpu_heap
         # the weights give their memory to their packed decode copies (``LlamaDecodeStep``)
-        self.lend_decode_weights = False
+        self.reuse_weight_memory = False
         # the log-prob pass's two forwards layer by layer in turn (``interleaved_passes``)
         self.passes_in_turn = False
         # while set, sampling records every layer's input for the log-prob pass to start
@@ -134,7 +134,7 @@ class AutoSpeedups(Speedups):
             for loaded in policies.models:
                 if loaded.device.type == "cpu":
                     separate_weights(loaded.model)
-            self.lend_decode_weights = True
+            self.reuse_weight_memory = True
         if self.gradient_checkpointing:
             for loaded in policies.models:
                 try:
@@ -249,7 +249,7 @@ class AutoSpeedups(Speedups):
                         batch.max_new_tokens,
                         loaded.router,
                         [loaded.adapter[a] for a in batch.row_agents],
-                        lend_weights=self.lend_decode_weights,
+                        reuse_weight_memory=self.reuse_weight_memory,
                         record_inputs=recording,
                     )
                     forward = step.step
@@ -265,7 +265,7 @@ class AutoSpeedups(Speedups):
                     yield Decoding(forward, step_ids, positions)
                 finally:
                     if fused:
-                        step.give_back()
+                        step.restore_weights()
 
     def sampled(
         self, loaded: LoadedModel, completions: Sequence[Completion], prompts: Sequence[Any]

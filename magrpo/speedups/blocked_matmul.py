@@ -82,7 +82,7 @@ class BlockedMatmul:
     """``x @ cat(weights).T (+ bias) (+ residual)`` (no autograd), float32 on CPU.
 
     ``in_place[j]``: weight j is blocked in its own memory (it must own it) and unreadable
-    as a weight until :meth:`give_back`; the others are blocked as copies.
+    as a weight until :meth:`restore_weights`; the others are blocked as copies.
     """
 
     def __init__(
@@ -103,7 +103,7 @@ class BlockedMatmul:
                 if own:
                     self._lent.append(blocked)
         except BaseException:
-            self.give_back()
+            self.restore_weights()
             raise
         self.width = sum(len(w) for w in weights)
         self.fan_in = weights[0].shape[1]
@@ -113,7 +113,7 @@ class BlockedMatmul:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self._blocked is None:
-            raise RuntimeError("BlockedMatmul called after give_back()")
+            raise RuntimeError("BlockedMatmul called after restore_weights()")
         x = _rows(x, self.fan_in)
         out = x.new_empty(len(x), self.width)
         if residual is not None:
@@ -130,7 +130,7 @@ class BlockedMatmul:
         )  # fmt: skip
         return out
 
-    def give_back(self) -> None:
+    def restore_weights(self) -> None:
         """The weights blocked in place, exactly as they were; the product cannot run after."""
         while self._lent:
             _transpose_blocks(self._kernel, self._lent.pop(), to_blocked=False)

@@ -83,9 +83,9 @@ def _base(linear: torch.nn.Module) -> torch.nn.Linear:
 
 
 def separate_weights(model: torch.nn.Module) -> None:
-    """Give every parameter of ``model`` memory of its own, so that a decode step can lend
-    it (``lend_weights``). Weights loaded from a file often share one buffer, or map the
-    file: a lent weight's memory would then stay allocated for the others' sake."""
+    """Give every parameter of ``model`` memory of its own, so that a decode step can reuse
+    it (``reuse_weight_memory``). Weights loaded from a file often share one buffer, or map the
+    file: a reused weight's memory would then stay allocated for the others' sake."""
     with torch.no_grad():
         for param in model.parameters():
             if not _owns_memory(param):
@@ -107,13 +107,18 @@ class _FusedProduct:
     """Linear layers that read the same input, as one product plus their adapters.
 
     The product is :class:`BlockedMatmul` where it pays (``blocked_matmul``), else
-    oneDNN's on a packed copy. ``lend``: the layers' own weights give their memory up to
-    the product until :meth:`give_back` (weights that share their memory with other
+    oneDNN's on a packed copy. ``reuse_memory``: the layers' own weights give their memory to
+    the product until :meth:`restore_weights` (weights that share their memory with other
     tensors keep it): blocked in place, or freed while their packed copy lives.
     """
 
     def __init__(
-        self, linears: Sequence[torch.nn.Module], rows: int, router, scales, lend: bool = False
+        self,
+        linears: Sequence[torch.nn.Module],
+        rows: int,
+        router,
+        scales,
+        reuse_memory: bool = False,
     ):
         bases = [_base(linear) for linear in linears]
         weights = [b.weight.detach() for b in bases]
@@ -143,15 +148,15 @@ class _FusedProduct:
                 scales.to(weights[0].dtype).repeat(1, len(adapted)),
                 b_full.t().contiguous(),
             )
-        # last: once weights are lent, nothing may fail before the caller holds the product
-        lent = [lend and _owns_memory(w) for w in weights]
+        # last: once weights' memory is reused, nothing may fail before the caller holds the product
+        in_place = [reuse_memory and _owns_memory(w) for w in weights]
         if blocked_matmul_pays(rows) and blockable(weights):
-            self.product = BlockedMatmul(weights, bias, in_place=lent)
+            self.product = BlockedMatmul(weights, bias, in_place=in_place)
         else:
-            self.product = _PackedProduct(weights, rows, bias, lent)
+            self.product = _PackedProduct(weights, rows, bias, in_place)
 
-    def give_back(self) -> None:
-        self.product.give_back()
+    def restore_weights(self) -> None:
+        self.product.restore_weights()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         y = self.product(x, residual)
@@ -162,32 +167,32 @@ class _FusedProduct:
 
 
 class _PackedProduct:
-    """The weights concatenated and packed for oneDNN; ``lent[j]``: weight j's memory is
+    """The weights concatenated and packed for oneDNN; ``in_place[j]``: weight j's memory is
     freed while the packed copy lives."""
 
-    def __init__(self, weights, rows: int, bias, lent: Sequence[bool]):
+    def __init__(self, weights, rows: int, bias, in_place: Sequence[bool]):
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.weight = pack_weight(weight, rows)
         del weight
         starts = [0, *itertools.accumulate(len(w) for w in weights)]
-        self.lent = [(w, starts[k], starts[k + 1]) for k, w in enumerate(weights) if lent[k]]
-        for lent_weight, _, _ in self.lent:
-            lent_weight.untyped_storage().resize_(0)
+        self.reused = [(w, starts[k], starts[k + 1]) for k, w in enumerate(weights) if in_place[k]]
+        for reused_weight, _, _ in self.reused:
+            reused_weight.untyped_storage().resize_(0)
         self.bias = bias
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return inner_product(x, self.weight, self.bias, residual)
 
-    def give_back(self) -> None:
-        """The lent weights, exactly as they were: oneDNN's packed layout converts back
+    def restore_weights(self) -> None:
+        """The reused weights, exactly as they were: oneDNN's packed layout converts back
         without rounding."""
-        if not self.lent:
+        if not self.reused:
             return
         dense, self.weight = self.weight.to_dense(), None  # no longer callable
-        for weight, start, stop in self.lent:
+        for weight, start, stop in self.reused:
             weight.untyped_storage().resize_(weight.numel() * weight.element_size())
             weight.copy_(dense[start:stop])
-        self.lent = []
+        self.reused = []
 
 
 def _norm(module: torch.nn.Module, rows: int):
@@ -247,10 +252,10 @@ class LlamaDecodeStep:
     are the prompts repeated ``num_samples`` times, row i running ``adapters[i]`` of
     ``router``. Check :func:`llama_decode_supported` first.
 
-    ``lend_weights``: the decoder layers' weights give their memory up to their products
+    ``reuse_weight_memory``: the decoder layers' weights give their memory up to their products
     while the step lives (blocked in place, or freed for oneDNN's packed copies: one copy of
     the layers instead of two, 0.5 GiB for SmolLM2-135M in float32), and get it back,
-    exact, from :meth:`give_back`, which must run before anything else reads them. The
+    exact, from :meth:`restore_weights`, which must run before anything else reads them. The
     output layer keeps its weight: a tied embedding is read at every step.
 
     ``record_inputs``: every layer's input of every step is kept in ``inputs`` [layers,
@@ -267,7 +272,7 @@ class LlamaDecodeStep:
         max_new_tokens,
         router=None,
         adapters=(),
-        lend_weights=False,
+        reuse_weight_memory=False,
         record_inputs=False,
     ):
         config = network.config
@@ -279,8 +284,8 @@ class LlamaDecodeStep:
 
         self._products: list[_FusedProduct] = []
 
-        def fused(*linears, lend=lend_weights):
-            self._products.append(_FusedProduct(linears, rows, router, scales, lend))
+        def fused(*linears, reuse_memory=reuse_weight_memory):
+            self._products.append(_FusedProduct(linears, rows, router, scales, reuse_memory))
             return self._products[-1]
 
         prompt_bias = torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
@@ -310,10 +315,10 @@ class LlamaDecodeStep:
                 )
                 for layer, cached in zip(network.layers, prefix_cache.layers, strict=True)
             ]
-            self.head = fused(head, lend=False)
+            self.head = fused(head, reuse_memory=False)
             self.norm = _norm(network.norm, rows)
         except BaseException:
-            self.give_back()
+            self.restore_weights()
             raise
         self.length = 0  # generated tokens held per row
         self.inputs = (
@@ -322,11 +327,11 @@ class LlamaDecodeStep:
             else None
         )
 
-    def give_back(self) -> None:
-        """Restore the weights lent to the packed copies (``lend_weights``), freeing those
-        copies as it goes: the step cannot run after."""
+    def restore_weights(self) -> None:
+        """Restore the weights whose memory the packed copies used (``reuse_weight_memory``),
+        freeing those copies as it goes: the step cannot run after."""
         for product in self._products:
-            product.give_back()
+            product.restore_weights()
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.network.embed_tokens(ids[:, 0])
