@@ -40,7 +40,7 @@ def parse_args(argv=None):
                    help="This repository (for llm_marl_envs: prompts, data order, reward).")
     p.add_argument("--model", required=True, help="Local model folder (SmolLM2-135M-Instruct).")
     p.add_argument("--data", required=True, help="CoopHumanEval JSON file.")
-    p.add_argument("--env", default="coophumaneval-v1")
+    p.add_argument("--env", default="coophumaneval-v2")
     p.add_argument("--split", default="train")
     p.add_argument("--indices", required=True,
                    help="Comma-separated dataset indices, one per step (our trainer's order).")

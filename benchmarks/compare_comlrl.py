@@ -372,7 +372,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="Unmeasured first steps per run.")
     p.add_argument("--model", default=None, help="Model folder (default: resolve_model()).")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--env", default="coophumaneval-v1")
+    p.add_argument("--env", default="coophumaneval-v2")
     p.add_argument("--split", default="train")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)

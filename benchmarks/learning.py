@@ -23,8 +23,9 @@
 
 Metrics: ``joint reward`` (the env's, averaged over agents), ``cut off`` (share of answers
 that hit ``max_new_tokens``) and the env's reward parts; for coding envs also ``helper defines
-aux``, ``pass rate`` (every assert passes) and ``cooperation`` (the helper's ``aux`` ran
-during at least one passing assert, i.e. the cooperation bonus was paid).
+aux``, ``main calls aux`` (main's entry point contains a call ``aux(...)``), ``pass rate``
+(every assert passes) and ``cooperation`` (the helper's ``aux`` ran during at least one
+passing assert, i.e. the cooperation bonus was paid).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def coding_facts(infos: dict) -> dict[str, float]:
     total = infos.get("tests_total", 0)
     return {
         "helper defines aux": float(bool(infos.get("aux_defined"))),
+        "main calls aux": float(bool(infos.get("main_calls_aux"))),
         "pass rate": float(bool(total) and infos.get("tests_passed", 0) == total),
         "cooperation": float(infos.get("aux_ran_in_passing_tests", 0) > 0),
     }

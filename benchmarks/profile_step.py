@@ -221,7 +221,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="Model folder (default: resolve_model()).")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--env", default="coophumaneval-v1")
+    p.add_argument("--env", default="coophumaneval-v2")
     p.add_argument("--split", default="train")
     p.add_argument("--finetune", choices=("lora", "full"), default="lora")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")

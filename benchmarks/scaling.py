@@ -62,7 +62,7 @@ def make_n_agent_env(data: str, split: str, num_agents: int, max_turns: int):
     from llm_marl_envs.env import TextParallelEnv
     from llm_marl_envs.tasks import CoopHumanEvalTask
 
-    base = llm_marl_envs.make("coophumaneval-v1", data=data, split=split, max_turns=max_turns)
+    base = llm_marl_envs.make("coophumaneval-v2", data=data, split=split, max_turns=max_turns)
     if num_agents == 2:
         return base
     helpers = ["aux"] + [f"aux{i}" for i in range(2, num_agents)]
@@ -91,7 +91,7 @@ def run_point(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as out_dir:
         config = MAGRPOConfig(
-            env="coophumaneval-v1", data=spec["data"], train_split=spec["split"],
+            env="coophumaneval-v2", data=spec["data"], train_split=spec["split"],
             model=spec["model"], finetune="lora", lora_rank=8, lora_alpha=16.0,
             lora_target_modules=["q_proj", "v_proj"], use_chat_template=False,
             group_size=spec["group_size"], max_new_tokens=spec["max_new_tokens"],

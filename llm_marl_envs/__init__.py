@@ -1,7 +1,7 @@
 """Text Dec-POMDPs for LLM collaboration, as PettingZoo parallel environments.
 
 >>> import llm_marl_envs
->>> env = llm_marl_envs.make("coophumaneval-v1", data="coophumaneval.json", max_turns=2)
+>>> env = llm_marl_envs.make("coophumaneval-v2", data="coophumaneval.json", max_turns=2)
 >>> observations, infos = env.reset(seed=0)
 >>> observations, rewards, terminations, truncations, infos = env.step(
 ...     {"aux": "def aux(x):\\n    return x", "main": "def f(x):\\n    return aux(x)"})

@@ -1,6 +1,6 @@
 """Environment ids, their defaults, and ``make``.
 
-``make("coophumaneval-v1", data=..., split=..., max_turns=...)`` loads the data (once per
+``make("coophumaneval-v2", data=..., split=..., max_turns=...)`` loads the data (once per
 process: records are cached and shared), builds the task and wraps it in the generic
 :class:`~llm_marl_envs.env.TextParallelEnv`. A new task is one :class:`EnvSpec` line in
 ``register``; the same ids are also registered with PettingZoo's own registry.
@@ -79,12 +79,19 @@ _CODING_V1 = (
     "helper sees the problem as text ending in an aux skeleton, both agents are told aux's "
     "contract, and the next-turn feedback shows one failing assert instead of three"
 )
+_CODING_V2 = (
+    "main is told to call aux and use its result (it was told only that it may call aux), and "
+    "its prompt ends in a skeleton to complete: the problem's stub followed by "
+    "`result = aux(<the entry point's arguments>)`"
+)
 #: Retired ids: their successor and what changed.
 RETIRED: dict[str, tuple[str, str]] = {
     "tldr-v0": ("tldr-v1", _WRITING_V1),
     "arxiv-v0": ("arxiv-v1", _WRITING_V1),
-    "humaneval-v0": ("humaneval-v1", _CODING_V1),
-    "coophumaneval-v0": ("coophumaneval-v1", _CODING_V1),
+    "humaneval-v0": ("humaneval-v2", f"in v1, {_CODING_V1}; in v2, {_CODING_V2}"),
+    "coophumaneval-v0": ("coophumaneval-v2", f"in v1, {_CODING_V1}; in v2, {_CODING_V2}"),
+    "humaneval-v1": ("humaneval-v2", _CODING_V2),
+    "coophumaneval-v1": ("coophumaneval-v2", _CODING_V2),
 }
 
 
@@ -217,7 +224,7 @@ for _spec in (
         task_options=("prompt_style", "min_words", "max_words"),
     ),
     EnvSpec(
-        "humaneval-v1",
+        "humaneval-v2",
         "HumanEval: a helper `aux` and the main function, tested in a sandbox",
         HumanEvalTask,
         BUNDLED_HUMANEVAL,
@@ -227,7 +234,7 @@ for _spec in (
         eval_split="eval",
     ),
     EnvSpec(
-        "coophumaneval-v1",
+        "coophumaneval-v2",
         "CoopHumanEval: 82 problems built for two cooperating coders",
         CoopHumanEvalTask,
         "OpenMLRL/CoopHumanEval",

@@ -40,7 +40,7 @@ class MAGRPOConfig:
 
     # Environment ---------------------------------------------------------------------------
     env: str = field(
-        default="coophumaneval-v1",
+        default="coophumaneval-v2",
         metadata=flag_help(
             "Environment id for llm_marl_envs.make (a name without -vN: the newest version)."
         ),

@@ -20,7 +20,7 @@ def first_observations(env_id: str, index: int, **kwargs) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("index", [0, 32, 115, 163])
 def test_helper_sees_no_stub_and_ends_in_the_aux_skeleton(index: int) -> None:
-    observations, item = first_observations("humaneval-v1", index, split="all")
+    observations, item = first_observations("humaneval-v2", index, split="all")
     helper, main = observations["aux"], observations["main"]
     entry_point = item["entry_point"]
     assert f"def {entry_point}" not in helper  # nothing to complete but aux
@@ -34,6 +34,22 @@ def test_helper_sees_no_stub_and_ends_in_the_aux_skeleton(index: int) -> None:
     contract = f"`aux({text.call})` takes the same arguments as `{entry_point}`"
     assert contract in helper and contract in main
     assert item["prompt"].strip() in main  # main keeps its stub: it should complete it
+
+
+@pytest.mark.parametrize("index", [0, 32, 115, 163])
+def test_main_ends_in_its_stub_with_a_call_of_aux(index: int) -> None:
+    observations, item = first_observations("humaneval-v2", index, split="all")
+    main, entry_point = observations["main"], item["entry_point"]
+    call = problem_text(item["prompt"], entry_point).call
+    assert f"Call `aux({call})` inside `{entry_point}` and use its result" in main
+    assert main.endswith(f"    result = aux({call})\n    ...\n    return answer")
+    skeleton = main[main.index(item["prompt"].strip()) :]  # the stub, then the call of aux
+    tree = ast.parse(skeleton.replace("...", "pass"))
+    function = tree.body[-1]  # the call is inside the entry point, below its docstring
+    assert isinstance(function, ast.FunctionDef) and function.name == entry_point
+    calls = [node for node in ast.walk(function) if isinstance(node, ast.Call)]
+    assert [ast.unparse(node) for node in calls] == [f"aux({call})"]
+    assert "aux" not in {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
 
 
 def test_problem_text_splits_signature_docstring_and_context() -> None:
@@ -57,11 +73,11 @@ def test_malformed_problem_is_refused_when_the_env_is_made(tmp_path) -> None:
         '    assert c() == 1\\n", "entry_point": "f"}\n'
     )
     with pytest.raises(llm_marl_envs.DataFormatError, match="entry point 'f'"):
-        llm_marl_envs.make("coophumaneval-v1", data=bad, split="all")
+        llm_marl_envs.make("coophumaneval-v2", data=bad, split="all")
 
 
 def test_feedback_shows_one_failing_assert_and_the_types_of_the_others() -> None:
-    env = llm_marl_envs.make("coophumaneval-v1", data=DATA / "coding_sample.jsonl", split="all",
+    env = llm_marl_envs.make("coophumaneval-v2", data=DATA / "coding_sample.jsonl", split="all",
                              max_turns=2)
     env.reset(options={"index": 0})
     wrong = {"aux": "def aux(text):\n    return 0",
@@ -73,16 +89,16 @@ def test_feedback_shows_one_failing_assert_and_the_types_of_the_others() -> None
     assert feedback.count("Failed: assert") == 1
     assert f"Other failing tests: AssertionError x{total - 1}." in feedback
 
-    env = llm_marl_envs.make("coophumaneval-v1", data=DATA / "coding_sample.jsonl", split="all",
+    env = llm_marl_envs.make("coophumaneval-v2", data=DATA / "coding_sample.jsonl", split="all",
                              max_turns=2, feedback_failures=0)
     env.reset(options={"index": 0})
     observations, *_ = env.step(wrong)
     assert "Failed: assert" not in observations["main"]
     with pytest.raises(llm_marl_envs.ConfigError, match="feedback_failures"):
-        llm_marl_envs.make("humaneval-v1", feedback_failures=-1)
+        llm_marl_envs.make("humaneval-v2", feedback_failures=-1)
 
 
-@pytest.mark.parametrize("env_id", ["humaneval-v1", "coophumaneval-v1"])
+@pytest.mark.parametrize("env_id", ["humaneval-v2", "coophumaneval-v2"])
 def test_coding_envs_declare_where_an_answer_ends(env_id: str) -> None:
     kwargs = {"data": DATA / "coding_sample.jsonl", "split": "all"} if "coop" in env_id else {}
     env = llm_marl_envs.make(env_id, **kwargs)

@@ -28,7 +28,7 @@ def step_all(env, joint_actions):
 
 
 def test_every_canonical_humaneval_solution_passes_every_test():
-    env = llm_marl_envs.make("humaneval-v1", split="all")
+    env = llm_marl_envs.make("humaneval-v2", split="all")
     assert env.num_items == 164
     actions = [
         {"aux": TRIVIAL_AUX, "main": item["prompt"] + item["canonical_solution"]}
@@ -44,7 +44,7 @@ def test_every_canonical_humaneval_solution_passes_every_test():
 
 
 def test_empty_bodies_score_no_test_on_humaneval():
-    env = llm_marl_envs.make("humaneval-v1", split="all")
+    env = llm_marl_envs.make("humaneval-v2", split="all")
     pass_body = [
         {"aux": TRIVIAL_AUX, "main": item["prompt"] + "    pass\n"} for item in env.task.records
     ]
@@ -60,14 +60,14 @@ def test_empty_bodies_score_no_test_on_humaneval():
 
 
 def test_coophumaneval_loads_parses_and_scores_all_82(coophumaneval_file):
-    env = llm_marl_envs.make("coophumaneval-v1", data=coophumaneval_file, split="all")
+    env = llm_marl_envs.make("coophumaneval-v2", data=coophumaneval_file, split="all")
     assert env.num_items == 82
     totals = [count_tests(item["test"]) for item in env.task.records]
     assert all(total > 0 for total in totals)
     assert sum(total == 5 for total in totals) >= 75
     for split, size in {"train": 50, "eval": 16, "test": 16}.items():
         assert (
-            llm_marl_envs.make("coophumaneval-v1", data=coophumaneval_file, split=split).num_items
+            llm_marl_envs.make("coophumaneval-v2", data=coophumaneval_file, split=split).num_items
             == size
         )
     guesses = [

@@ -12,8 +12,8 @@ import llm_marl_envs
 ENV_KWARGS = {
     "tldr-v1": {"data": DATA / "tldr_sample.jsonl"},
     "arxiv-v1": {"data": DATA / "arxiv_sample.jsonl"},
-    "humaneval-v1": {"split": "eval"},
-    "coophumaneval-v1": {"data": DATA / "coding_sample.jsonl", "split": "all"},
+    "humaneval-v2": {"split": "eval"},
+    "coophumaneval-v2": {"data": DATA / "coding_sample.jsonl", "split": "all"},
 }
 
 SAMPLE_ACTIONS = {
@@ -30,8 +30,8 @@ SAMPLE_ACTIONS = {
         "background": "Teams of models coordinate. " * 30,
         "method": "We train jointly. " * 45,
     },
-    "humaneval-v1": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
-    "coophumaneval-v1": {
+    "humaneval-v2": {"aux": "def aux(x):\n    return x", "main": "def f():\n    return 1"},
+    "coophumaneval-v2": {
         "aux": "def aux(ch):\n    return ch.lower() in 'aeiou'",
         "main": "def count_vowels(text):\n    return sum(1 for ch in text if aux(ch))",
     },
@@ -43,7 +43,7 @@ def test_registry_lists_the_four_tasks():
     assert all(llm_marl_envs.registry().values())
     # the paper evaluates the coding tasks on its "eval" problems, the writing tasks on "test"
     assert llm_marl_envs.default_eval_split("coophumaneval") == "eval"
-    assert llm_marl_envs.default_eval_split("humaneval-v1") == "eval"
+    assert llm_marl_envs.default_eval_split("humaneval-v2") == "eval"
     assert (
         llm_marl_envs.default_eval_split("arxiv")
         == llm_marl_envs.default_eval_split("tldr")
@@ -55,7 +55,7 @@ def test_unknown_env_id_names_the_known_ones():
     with pytest.raises(llm_marl_envs.UnknownEnvError) as caught:
         llm_marl_envs.make("coophumanevl")
     message = str(caught.value)
-    assert "coophumaneval-v1" in message and "Did you mean" in message
+    assert "coophumaneval-v2" in message and "Did you mean" in message
 
 
 def test_alias_without_version_and_pettingzoo_registry():
@@ -66,15 +66,35 @@ def test_alias_without_version_and_pettingzoo_registry():
     assert env.possible_agents == ["concise", "detailed"]
 
 
-@pytest.mark.parametrize("old", ["tldr-v0", "arxiv-v0", "humaneval-v0", "coophumaneval-v0"])
+SUCCESSORS = {
+    "tldr-v0": "tldr-v1",
+    "arxiv-v0": "arxiv-v1",
+    "humaneval-v0": "humaneval-v2",
+    "coophumaneval-v0": "coophumaneval-v2",
+    "humaneval-v1": "humaneval-v2",
+    "coophumaneval-v1": "coophumaneval-v2",
+}
+
+
+@pytest.mark.parametrize("old", sorted(SUCCESSORS))
 def test_retired_ids_name_their_successor_and_what_changed(old):
-    new = old.replace("-v0", "-v1")
+    new = SUCCESSORS[old]
     with pytest.raises(llm_marl_envs.DeprecatedEnvError) as caught:
         llm_marl_envs.make(old)
     message = str(caught.value)
     assert f"use {new!r}" in message and "What changed:" in message
     assert isinstance(caught.value, llm_marl_envs.UnknownEnvError)  # old handlers still catch it
     assert llm_marl_envs.resolve_env_id(old.rsplit("-v", 1)[0]) == new
+
+
+@pytest.mark.parametrize("old", ["humaneval-v1", "coophumaneval-v1"])
+def test_coding_v1_ids_name_v2_and_the_main_prompt_change(old):
+    with pytest.raises(llm_marl_envs.DeprecatedEnvError) as caught:
+        llm_marl_envs.make(old, data=DATA / "coding_sample.jsonl", split="all")
+    message = str(caught.value)
+    assert f"use {old.replace('-v1', '-v2')!r}" in message
+    assert "main is told to call aux" in message and "result = aux(" in message
+    assert old not in llm_marl_envs.registry()
 
 
 @pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
@@ -128,7 +148,7 @@ def test_same_seed_same_item_and_index_option():
 
 
 def test_deepcopy_branches_share_data_but_not_state():
-    env = llm_marl_envs.make("coophumaneval-v1", **ENV_KWARGS["coophumaneval-v1"], max_turns=2)
+    env = llm_marl_envs.make("coophumaneval-v2", **ENV_KWARGS["coophumaneval-v2"], max_turns=2)
     env.reset(options={"index": 0})
     branch = copy.deepcopy(env)
     assert branch.task is env.task and branch.task.records is env.task.records
@@ -137,7 +157,7 @@ def test_deepcopy_branches_share_data_but_not_state():
 
 
 def test_multi_turn_coding_feedback_and_early_termination():
-    env = llm_marl_envs.make("coophumaneval-v1", **ENV_KWARGS["coophumaneval-v1"], max_turns=3)
+    env = llm_marl_envs.make("coophumaneval-v2", **ENV_KWARGS["coophumaneval-v2"], max_turns=3)
     env.reset(options={"index": 0})
     wrong = {
         "aux": "def aux(ch):\n    return ch in 'aeiou'",
@@ -150,7 +170,7 @@ def test_multi_turn_coding_feedback_and_early_termination():
     assert "Tests passed: 1/4" in observations["main"] and "Failed: assert" in observations["aux"]
     assert infos["main"]["tests_passed"] == 1 and infos["main"]["tests_total"] == 4
 
-    observations, rewards, terminations, *_ = env.step(SAMPLE_ACTIONS["coophumaneval-v1"])
+    observations, rewards, terminations, *_ = env.step(SAMPLE_ACTIONS["coophumaneval-v2"])
     assert all(terminations.values()) and env.agents == []
     assert rewards["main"] == pytest.approx(4.0)
 
@@ -170,13 +190,13 @@ def test_multi_turn_writing_feedback_names_the_failed_level():
 
 def test_bad_options_give_clear_errors(tmp_path):
     with pytest.raises(llm_marl_envs.ConfigError, match="max_turns"):
-        llm_marl_envs.make("humaneval-v1", max_turns=0)
+        llm_marl_envs.make("humaneval-v2", max_turns=0)
     with pytest.raises(llm_marl_envs.ConfigError, match="does not take"):
-        llm_marl_envs.make("humaneval-v1", min_words=3)
+        llm_marl_envs.make("humaneval-v2", min_words=3)
     with pytest.raises(llm_marl_envs.ConfigError, match="split"):
-        llm_marl_envs.make("humaneval-v1", split="validation")
+        llm_marl_envs.make("humaneval-v2", split="validation")
     with pytest.raises(llm_marl_envs.ConfigError, match="split='all'"):
-        llm_marl_envs.make("coophumaneval-v1", data=DATA / "coding_sample.jsonl", split="train")
+        llm_marl_envs.make("coophumaneval-v2", data=DATA / "coding_sample.jsonl", split="train")
     with pytest.raises(llm_marl_envs.DataUnavailableError, match="does not exist"):
         llm_marl_envs.make("tldr-v1", data=tmp_path / "missing.jsonl")
     broken = tmp_path / "broken.jsonl"

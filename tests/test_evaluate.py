@@ -371,7 +371,7 @@ def test_trainer_run_evaluates_on_a_custom_env(tmp_path, tiny_model_path):  # no
 def test_real_coophumaneval_default_split(coophumaneval_file, tiny_model_path):  # noqa: F811
     settings = ev.EvalSettings(env="coophumaneval", protocols=[], data=str(coophumaneval_file))
     env, env_id, split = ev.make_env(settings)
-    assert (env_id, split, env.num_items) == ("coophumaneval-v1", "eval", 16)
+    assert (env_id, split, env.num_items) == ("coophumaneval-v2", "eval", 16)
     humaneval, _, _ = ev.make_env(ev.EvalSettings(env="humaneval", protocols=[]))
     assert humaneval.num_items == 31  # problems 133-163
 

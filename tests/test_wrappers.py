@@ -35,7 +35,7 @@ def test_split_response_is_lenient_about_headings():
     [
         ("tldr-v1", {"data": DATA / "tldr_sample.jsonl", "max_turns": 2}),
         (
-            "coophumaneval-v1",
+            "coophumaneval-v2",
             {"data": DATA / "coding_sample.jsonl", "split": "all", "max_turns": 2},
         ),
     ],

@@ -6,7 +6,9 @@ agent may call ``aux(...)`` without seeing it, and the helper writes it without 
 main function (the paper's decentralised execution). The helper sees the problem as text
 (signature and docstring), not as a ``def`` stub to complete, and its instruction ends in the
 skeleton of ``aux``: a small model given the stub completes the stub instead. The main agent
-keeps the stub: it *should* complete that function.
+keeps the stub (it *should* complete that function), and its instruction ends in the stub
+followed by ``result = aux(<the entry point's arguments>)``: told only that it *may* call
+``aux``, the untrained default model called it in 2% of its answers.
 
 The helper's code and main's code run in separate sandbox workers (``rewards/coding.py``).
 Multi-turn: each agent sees its own previous code and the test diagnostics; a fully passing
@@ -54,10 +56,13 @@ AUX_INSTRUCTIONS = (
 )
 MAIN_INSTRUCTIONS = (
     "You are the main programmer in a team of two. Complete the function `{entry_point}` "
-    "below. Your teammate writes a helper function: {contract} You may call "
-    "`{helper}({call})`, but you cannot see its code; do not define `{helper}` yourself. "
-    "Write only the code of `{entry_point}` as one Python code block.\n\n{prompt}"
+    "below. Your teammate writes a helper function: {contract} You cannot see its code, and "
+    "you do not define `{helper}` yourself. Call `{helper}({call})` inside `{entry_point}` "
+    "and use its result to compute the answer. Write only the code of `{entry_point}` as one "
+    "Python code block.\n\n{skeleton}"
 )
+#: What main's skeleton adds below the problem's stub, at the indentation of its body.
+MAIN_SKELETON_BODY = ("result = {helper}({call})", "...", "return answer")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class ProblemText:
     call: str  # "n, x, y": how to call a function of the same signature
     docstring: str
     context: str  # imports and definitions the problem provides besides the entry point
+    indent: str  # the indentation of the entry point's body in the prompt
 
 
 def problem_text(prompt: str, entry_point: str) -> ProblemText:
@@ -109,7 +115,15 @@ def problem_text(prompt: str, entry_point: str) -> ProblemText:
         call=_call_arguments(function.args),
         docstring=inspect.cleandoc(strings[0]) if strings else "",
         context=problem_context(prompt, entry_point),
+        indent=" " * (function.body[0].col_offset),
     )
+
+
+def main_skeleton(prompt: str, text: ProblemText) -> str:
+    """The problem's stub followed by a call of ``aux`` whose result the body goes on from."""
+    fields = {"helper": HELPER_NAME, "call": text.call}
+    body = "\n".join(text.indent + line.format(**fields) for line in MAIN_SKELETON_BODY)
+    return f"{prompt.strip()}\n{body}"
 
 
 def _call_arguments(args: ast.arguments) -> str:
@@ -166,7 +180,7 @@ class CodingTask(Task):
                 context=context,
             ),
             "main": MAIN_INSTRUCTIONS.format(
-                **fields, contract=contract, prompt=item["prompt"].strip()
+                **fields, contract=contract, skeleton=main_skeleton(item["prompt"], text)
             ),
         }
 
