@@ -6,6 +6,10 @@ Python strings; every agent receives the same joint reward, with its named break
 ``infos[agent]["reward_parts"]``. ``metadata["answer_format"]`` says, per agent, where an
 answer ends and how long it should be allowed to get.
 
+Centralised training: ``state()`` is a text with what a centralised critic may see and no
+agent does: every agent's observations and actions so far and each turn's result.
+Observations are unchanged by it, so execution stays decentralised.
+
 Branching: ``copy.deepcopy(env)`` copies only the episode state (a few strings and an RNG);
 the task and its dataset are shared. Trainers use it to score G joint actions of one node.
 """
@@ -25,6 +29,7 @@ from .task import Evaluation, Task
 
 MAX_OBSERVATION_CHARS = 1 << 20
 MAX_ACTION_CHARS = 1 << 16
+MAX_STATE_CHARS = 1 << 24
 
 
 class TextParallelEnv(ParallelEnv):
@@ -49,12 +54,14 @@ class TextParallelEnv(ParallelEnv):
         self.metadata = {**self.metadata, "answer_format": answer_format(task)}
         self.render_mode = render_mode
         self.possible_agents = list(task.roles)
+        self.state_space = UnicodeText(MAX_STATE_CHARS)
         self.agents: list[str] = []
         self.np_random, self.np_random_seed = seeding.np_random(None)
         self.item_index: int | None = None
         self.turn = 0
         self._last_actions: dict[str, str] = {}
         self._last_evaluation: Evaluation | None = None
+        self._history: list[str] = []  # the sections of state()
 
     @property
     def num_items(self) -> int:
@@ -87,7 +94,9 @@ class TextParallelEnv(ParallelEnv):
         self._last_actions = {}
         self._last_evaluation = None
         infos = {agent: {"index": index, "turn": 0} for agent in self.agents}
-        return _as_observations(self.task.prompts(self.item)), infos
+        observations = self.task.prompts(self.item)
+        self._history = [_section("turn 1: observations", observations)]
+        return _as_observations(observations), infos
 
     @property
     def item(self) -> Mapping[str, Any]:
@@ -116,6 +125,14 @@ class TextParallelEnv(ParallelEnv):
             observations = _as_observations(
                 self.task.followups(self.item, joint_action, evaluation)
             )
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in evaluation.reward_parts.items())
+        ending = " (solved)" if terminated else " (last turn)" if truncated else ""
+        self._history += [
+            _section(f"turn {self.turn}: actions", joint_action),
+            f"## turn {self.turn}: joint reward {reward:.3f}{ending}\n{parts}",
+        ]
+        if not (terminated or truncated):
+            self._history.append(_section(f"turn {self.turn + 1}: observations", observations))
         info = {
             "index": self.item_index,
             "turn": self.turn,
@@ -132,6 +149,14 @@ class TextParallelEnv(ParallelEnv):
         if self.render_mode == "human":
             print(self.render())
         return observations, rewards, terminations, truncations, infos
+
+    def state(self) -> str:
+        """The global state for centralised training (a text in ``state_space``): every
+        agent's observation and action of every turn so far, and each turn's joint reward
+        and its parts. No agent observes it."""
+        if not self._history:
+            raise RuntimeError("Call reset() before state().")
+        return TextObservation("\n\n".join(self._history))
 
     def render(self) -> str | None:
         if self.render_mode is None:
@@ -161,6 +186,10 @@ def answer_format(task: Task) -> dict[str, dict[str, Any]]:
         }
         for role in task.roles
     }
+
+
+def _section(title: str, texts: Mapping[str, str]) -> str:
+    return f"## {title}\n" + "\n".join(f"### {agent}\n{text}" for agent, text in texts.items())
 
 
 def _as_observations(texts: Mapping[str, str]) -> dict[str, TextObservation]:

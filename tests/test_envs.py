@@ -251,3 +251,29 @@ def test_importing_the_envs_does_not_import_torch():
         "assert 'torch' not in sys.modules and 'magrpo' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
+def test_state_for_centralised_training(env_id):
+    """state() passes PettingZoo's state test and holds every agent's observation, then the
+    joint action and its result; the agents' observations never gain any of it."""
+    from pettingzoo.test import state_test
+
+    def make():
+        return llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2)
+
+    with pytest.warns(UserWarning, match="not NumPy"):  # a text state, as observations are
+        state_test(parallel_to_aec(make()), make(), num_cycles=4)
+    env = make()
+    observations, _ = env.reset(seed=3)
+    state = env.state()
+    assert env.state_space.contains(state)
+    assert all(text in state for text in observations.values())
+    actions = SAMPLE_ACTIONS[env_id]
+    next_observations, rewards, *_ = env.step(actions)
+    state = env.state()
+    assert all(text in state for text in [*observations.values(), *actions.values()])
+    assert f"joint reward {rewards[env.possible_agents[0]]:.3f}" in state
+    assert all(text in state for text in next_observations.values())
+    for agent, text in next_observations.items():  # decentralised: no other agent's answer
+        assert not any(answer in text for other, answer in actions.items() if other != agent)
