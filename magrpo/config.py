@@ -110,7 +110,15 @@ class MAGRPOConfig:
         ),
     )
 
-    # MAGRPO --------------------------------------------------------------------------------
+    # Algorithm -----------------------------------------------------------------------------
+    algorithm: str = field(
+        default="magrpo",
+        metadata=flag_help(
+            "What a step computes from its rollout, by name: magrpo (group-relative "
+            "advantages, the paper's) | iac (a critic per agent) | maac (one centralised "
+            "critic that reads the env's state()) | a registered one (magrpo.register_algorithm)."
+        ),
+    )
     group_size: int = field(
         default=4, metadata=flag_help("G: completions sampled per agent per node.")
     )
@@ -163,6 +171,25 @@ class MAGRPOConfig:
         ),
     )
 
+    # Critics ---------------------------------------------------------------------------------
+    critic_learning_rate: float = field(
+        default=1e-3, metadata=flag_help("AdamW learning rate of the critics (iac, maac).")
+    )
+    critic_steps: int = field(
+        default=4,
+        metadata=flag_help("Critic optimizer steps on each rollout's value targets (iac, maac)."),
+    )
+    critic_hidden_size: int = field(
+        default=256, metadata=flag_help("Width of the critics' value-head MLP (iac, maac).")
+    )
+    gae_lambda: float = field(
+        default=1.0,
+        metadata=flag_help(
+            "lambda of GAE across turns (iac, maac): 1 gives A = R - V(s), the Monte Carlo "
+            "return minus the critic's value; lower values lean on the critic's bootstrap."
+        ),
+    )
+
     # Sampling ------------------------------------------------------------------------------
     temperature: float = field(default=0.8, metadata=flag_help("Sampling temperature (training)."))
     tempered_logprobs: bool = field(
@@ -207,6 +234,14 @@ class MAGRPOConfig:
         default=None,
         metadata=flag_help(
             "Passes over the dataset (needs an env with num_items); stops first wins."
+        ),
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata=flag_help(
+            "A wall-clock budget: stop after the step that ends past this many minutes of "
+            "this process's training (evaluation included), e.g. to compare algorithms at "
+            "equal time. None: no budget."
         ),
     )
     prompts_per_step: int = field(
@@ -345,6 +380,8 @@ class MAGRPOConfig:
             "micro_batch_size",
             "num_update_epochs",
             "lora_rank",
+            "critic_steps",
+            "critic_hidden_size",
             "env_workers",
         )
         for name in positive:
@@ -371,6 +408,10 @@ class MAGRPOConfig:
                 raise bad(name, value, f"one of {', '.join(allowed)}")
         if not 0.0 <= self.discount <= 1.0:
             raise bad("discount", self.discount, "a number in [0, 1]")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise bad("gae_lambda", self.gae_lambda, "a number in [0, 1]")
+        if self.critic_learning_rate <= 0:
+            raise bad("critic_learning_rate", self.critic_learning_rate, "a positive number")
         if self.temperature <= 0:
             raise bad("temperature", self.temperature, "a positive number (training samples)")
         if self.eval_temperature < 0:
@@ -404,6 +445,8 @@ class MAGRPOConfig:
             raise bad("max_steps", None, "a step count, or set num_epochs")
         if self.max_steps is not None and self.max_steps < 1:
             raise bad("max_steps", self.max_steps, "a positive integer")
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise bad("max_train_minutes", self.max_train_minutes, "a positive number or None")
         if self.num_epochs is not None and self.num_epochs <= 0:
             raise bad("num_epochs", self.num_epochs, "a positive number")
         if self.num_update_epochs > 1 and self.clip_epsilon is None:
@@ -430,11 +473,23 @@ class MAGRPOConfig:
             raise bad("env_kwargs", self.env_kwargs, "a JSON object / mapping")
         # Registries are checked here too, so a typo fails before any model is loaded.
         from magrpo.advantages import available_advantages
+        from magrpo.algorithms import available_algorithms, get_algorithm
         from magrpo.losses import available_losses
 
+        if self.algorithm not in available_algorithms():
+            raise bad("algorithm", self.algorithm, f"one of {', '.join(available_algorithms())}")
+        if self.loss_type not in available_losses():
+            raise bad("loss_type", self.loss_type, f"one of {', '.join(available_losses())}")
         if self.advantage not in available_advantages():
             raise bad("advantage", self.advantage, f"one of {', '.join(available_advantages())}")
-        if self.group_size == 1 and self.advantage in GROUP_BASELINES:
+        group_baseline = get_algorithm(self.algorithm).uses_advantage_setting
+        if not group_baseline and (self.advantage != "magrpo" or self.normalize_advantage_std):
+            raise ConfigError(
+                f"--advantage and --normalize-advantage-std choose the group baseline of "
+                f"--algorithm magrpo; --algorithm {self.algorithm} computes its advantages "
+                "itself: drop them, or use --algorithm magrpo."
+            )
+        if group_baseline and self.group_size == 1 and self.advantage in GROUP_BASELINES:
             raise bad(
                 "group_size",
                 self.group_size,
@@ -442,14 +497,12 @@ class MAGRPOConfig:
                 "group, so a group of one has advantage 0 and nothing is learnt (or choose "
                 "advantage='reinforce', which needs no group)",
             )
-        if self.group_size == 1:
+        if group_baseline and self.group_size == 1:
             warnings.warn(
                 f"group_size=1 with advantage={self.advantage!r}: each sample's advantage is "
                 "computed from its own return alone, with no group baseline.",
                 stacklevel=2,
             )
-        if self.loss_type not in available_losses():
-            raise bad("loss_type", self.loss_type, f"one of {', '.join(available_losses())}")
 
     # ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -110,7 +110,10 @@ class DataParallel:
         if self.world_size == 1:
             return rollout
         slim = RolloutResult(
-            [dataclasses.replace(n, samples={}, observations={}) for n in rollout.nodes],
+            [
+                dataclasses.replace(n, samples={}, observations={}, state=None)
+                for n in rollout.nodes
+            ],
             rollout.num_roots,
             rollout.seconds_generate,
             rollout.seconds_env,

@@ -66,3 +66,13 @@ def check_horizon(env: Any, num_turns: int) -> None:
         "num_turns=%d but the env allows %d turns: rollouts stop after %d turn(s), and the "
         "env's later turns are never trained.", num_turns, max_turns, num_turns,
     )
+
+
+def check_state(env: Any, algorithm: str) -> None:
+    """An algorithm with a centralised critic needs PettingZoo's ``state()``."""
+    if not callable(getattr(env, "state", None)) or getattr(env, "state_space", None) is None:
+        raise IncompatibleEnvError(
+            f"--algorithm {algorithm} reads the env's global state, but {type(env).__name__} "
+            "has no state() and state_space (PettingZoo's centralised-training API): implement "
+            "them, or choose an algorithm without a centralised critic (magrpo, iac)."
+        )

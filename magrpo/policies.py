@@ -427,6 +427,25 @@ class Policies:
             completion_mask(targets, lengths),
         )
 
+    # --- features (the input of critics) --------------------------------------------------
+    def feature_size(self, agent: str) -> int:
+        return int(self.model_of[agent].model.config.hidden_size)
+
+    def prompt_features(self, agent: str, prompts: Sequence[list[int]]) -> torch.Tensor:
+        """The last layer's hidden state at each prompt's last token under ``agent``'s
+        policy, [B, hidden] in float32, without gradients: what a value head reads."""
+        loaded = self.model_of[agent]
+        ids, mask, _ = loaded.pad_batch(prompts)
+        with torch.no_grad(), loaded.policy(False) as model, loaded.routed([agent] * len(prompts)):
+            output = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids(mask),
+                output_hidden_states=True,
+                logits_to_keep=1,
+            )
+        return output.hidden_states[-1][:, -1].float()
+
     def group_key(self, agent: str) -> int:
         """Completions with the same key can share one forward pass."""
         return self.models.index(self.model_of[agent])

@@ -76,6 +76,7 @@ class Node:
     joints: list[JointOutcome] = field(default_factory=list)
     sample_returns: dict[str, list[float]] = field(default_factory=dict)
     seed: int | None = None  # its samples' randomness (None: torch's global generator)
+    state: str | None = None  # env.state() here, when the rollout records it (record_state)
 
 
 @dataclass
@@ -145,13 +146,19 @@ def run_rollout(
     discount: float = 1.0,
     early_termination_threshold: float | None = None,
     root_seeds: Sequence[int] | None = None,
+    record_state: bool = False,
 ) -> RolloutResult:
-    """Expand the rollout tree of every root (an env right after ``reset``)."""
+    """Expand the rollout tree of every root (an env right after ``reset``).
+
+    ``record_state``: keep every node's ``env.state()`` (PettingZoo's global state) in
+    ``Node.state``, for centralised critics; the agents never see it."""
     nodes: list[Node] = []
     frontier: list[tuple[Node, Any]] = []
     for root, (env, observations) in enumerate(zip(root_envs, root_observations, strict=True)):
         agents = list(env.agents)
         node = Node(len(nodes), root, 0, None, agents, {a: observations[a] for a in agents})
+        if record_state:
+            node.state = str(env.state())
         if root_seeds is not None:
             node.seed = derive_seed(root_seeds[root])
         nodes.append(node)
@@ -210,6 +217,7 @@ def run_rollout(
                     agents,
                     {a: observations[a] for a in agents},
                     seed=None if node.seed is None else derive_seed(node.seed, -1, joint),
+                    state=str(branch.state()) if record_state else None,
                 )
                 outcome.child = child.node_id
                 nodes.append(child)
@@ -238,17 +246,22 @@ def compute_returns(nodes: list[Node], discount: float, num_turns: int = 1) -> N
                 outcome.value = outcome.reward  # truncated: the episode has no turns left
             else:
                 outcome.value = outcome.reward * sum(discount**k for k in range(turns_left + 1))
-        node.sample_returns = {}
-        for index, agent in enumerate(node.agents):
-            group = len(node.samples[agent])
-            totals = [0.0] * group
-            counts = [0] * group
-            for outcome in node.joints:
-                totals[outcome.actions[index]] += outcome.value
-                counts[outcome.actions[index]] += 1
-            node.sample_returns[agent] = [
-                t / max(c, 1) for t, c in zip(totals, counts, strict=True)
-            ]
+        node.sample_returns = {
+            agent: credit(node, index, [j.value for j in node.joints])
+            for index, agent in enumerate(node.agents)
+        }
+
+
+def credit(node: Node, index: int, per_joint: Sequence[float]) -> list[float]:
+    """Per sample of the node's ``index``-th agent: the mean of ``per_joint`` (one value per
+    joint action) over the joints that contain that sample (aligned mode: exactly one)."""
+    group = len(node.samples[node.agents[index]])
+    totals = [0.0] * group
+    counts = [0] * group
+    for outcome, value in zip(node.joints, per_joint, strict=True):
+        totals[outcome.actions[index]] += value
+        counts[outcome.actions[index]] += 1
+    return [t / max(c, 1) for t, c in zip(totals, counts, strict=True)]
 
 
 def rollout_metrics(rollout: RolloutResult) -> dict[str, float]:

@@ -1,10 +1,12 @@
-"""The MAGRPO training loop: rollout -> advantages -> loss -> optimizer step.
+"""The training loop: rollout -> advantages -> loss -> optimizer step.
 
 ``MAGRPOTrainer`` works with any PettingZoo ParallelEnv whose observations and actions are
-text. Each phase is a method a subclass may override (``collect``, ``build_samples``,
-``update``, ``evaluate``); advantage estimators and loss reductions are looked up by name in
-registries, so a new algorithm usually needs no subclass at all (see
-``examples/custom_algorithm.py``).
+text. What a step computes from its rollout (advantages, the policy loss, a critic) is the
+run's ``Algorithm`` (``magrpo.algorithms``: MAGRPO by default, IAC, MAAC or a registered
+one); advantage estimators and loss reductions are registries too, so a new algorithm
+usually needs no subclass (see ``examples/custom_algorithm.py`` and
+``examples/third_party_algorithm.py``). Each phase is also a method a subclass may override
+(``collect``, ``build_samples``, ``update``, ``evaluate``).
 
 The metrics each step logs are listed in docs/training.md ("Logged metrics").
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from magrpo.advantages import compute_advantages
+from magrpo.algorithms import TrainSample, get_algorithm
 from magrpo.checkpoint import (
     ADAPTERS_DIR,
     MODELS_DIR,
@@ -39,27 +41,17 @@ from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.data_order import DataOrder, total_steps
 from magrpo.distributed import DataParallel
-from magrpo.env_contract import answer_stops, check_horizon, check_text_env
+from magrpo.env_contract import answer_stops, check_horizon, check_state, check_text_env
 from magrpo.loading import agent_devices, load_policies
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger, progress_bar
-from magrpo.losses import LossNormalizer, get_loss, policy_token_loss
+from magrpo.losses import LossNormalizer, get_loss
 from magrpo.policies import Policies, SamplingParams
-from magrpo.rollout import Completion, RolloutResult, rollout_metrics, run_rollout
+from magrpo.rollout import RolloutResult, rollout_metrics, run_rollout
 from magrpo.speedups import speedups_for
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class TrainSample:
-    """One completion with its advantage, ready for the loss."""
-
-    completion: Completion
-    advantage: float
-
-    @property
-    def agent(self) -> str:
-        return self.completion.agent
+__all__ = ["MAGRPOTrainer", "TrainResult", "TrainSample"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +92,9 @@ class MAGRPOTrainer:
         self.eval_env = eval_env
         self.agents = check_text_env(env)
         check_horizon(env, config.num_turns)
+        algorithm = get_algorithm(config.algorithm)
+        if algorithm.reads_state:
+            check_state(env, config.algorithm)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -145,6 +140,7 @@ class MAGRPOTrainer:
             )
             for agent in self.agents
         }
+        self.algorithm = algorithm(config, self.policies, self.parallel)
         self.speedups.prepare_run(self.policies, self.optimizers)
         self.vllm = None
         if config.generation_backend == "vllm":  # start_vllm was imported above
@@ -243,26 +239,13 @@ class MAGRPOTrainer:
             discount=config.discount,
             early_termination_threshold=config.early_termination_threshold,
             root_seeds=[reset_seed for _, reset_seed in items],
+            record_state=self.algorithm.reads_state,
         )
 
     def build_samples(self, rollout: RolloutResult) -> tuple[list[TrainSample], dict[str, float]]:
-        """Group-relative advantages: each node's samples of an agent form one group."""
-        samples: list[TrainSample] = []
-        groups = zero_variance = 0
-        for node in rollout.nodes:
-            for agent in node.agents:
-                returns = torch.tensor(node.sample_returns[agent], dtype=torch.float64)
-                advantages = compute_advantages(
-                    returns, self.config.advantage, self.config.normalize_advantage_std
-                )
-                groups += 1
-                zero_variance += int(bool((returns == returns[0]).all()))
-                samples.extend(
-                    TrainSample(c, float(a))
-                    for c, a in zip(node.samples[agent], advantages.tolist(), strict=True)
-                )
-        zero_variance, groups = self.parallel.sum([zero_variance, groups])
-        return samples, {"zero_variance_group_frac": zero_variance / max(groups, 1)}
+        """Every completion with its advantage, as the algorithm computes them (MAGRPO: each
+        node's samples of an agent form one group)."""
+        return self.algorithm.advantages(rollout)
 
     def _micro_batches(
         self, samples: list[TrainSample]
@@ -329,13 +312,8 @@ class MAGRPOTrainer:
                     advantages = torch.tensor(
                         [s.advantage for s in batch], device=current.logprobs.device
                     )
-                    token_loss, kl = policy_token_loss(
-                        current.logprobs,
-                        advantages,
-                        old_logprobs[key] if config.clip_epsilon is not None else None,
-                        config.clip_epsilon,
-                        ref_logprobs.get(key),
-                        config.kl_coef,
+                    token_loss, kl = self.algorithm.token_loss(
+                        current.logprobs, advantages, old_logprobs[key], ref_logprobs.get(key)
                     )
                     loss = torch.zeros((), device=token_loss.device)
                     for agent in sorted({s.agent for s in batch}):
@@ -389,6 +367,7 @@ class MAGRPOTrainer:
         samples, sample_metrics = self.build_samples(rollout)
         update_started = time.perf_counter()
         update_metrics = self.update(samples)
+        update_metrics.update(self.algorithm.update_extras(rollout))  # e.g. a critic
         update_seconds = time.perf_counter() - update_started
         everyone = self.parallel.gather_rollouts(rollout)
         metrics = {
@@ -463,6 +442,7 @@ class MAGRPOTrainer:
                 for agent in self.agents
             },
             "optimizers": {agent: opt.state_dict() for agent, opt in self.optimizers.items()},
+            "algorithm": self.algorithm.state_dict(),
             "rng": rng_state(),
             "data_order": self.data_order.state_dict(),
             "best_reward": self.best_reward,
@@ -479,6 +459,7 @@ class MAGRPOTrainer:
                     params[name].copy_(value)
         for agent, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][agent])
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
         self.data_order.load_state_dict(state["data_order"])
         self.step = state["step"]
         self.best_reward = state["best_reward"]
@@ -502,6 +483,7 @@ class MAGRPOTrainer:
         if self.parallel.is_main:
             for agent in self.agents:
                 self.policies.save_agent(agent, folder)
+            self.algorithm.save(folder)
         self.parallel.barrier()
         return folder
 
@@ -535,13 +517,19 @@ class MAGRPOTrainer:
         progress = progress_bar(
             config.progress_bar and self.parallel.is_main, self.total_steps, self.step
         )
+        started = time.perf_counter()
+        budget = None if config.max_train_minutes is None else 60 * config.max_train_minutes
+
+        def out_of_time() -> bool:  # every process stops at the same step
+            return budget is not None and self.parallel.any(time.perf_counter() - started > budget)
+
         try:
             if config.eval_interval and resume_step is None and self.step == 0:
                 baseline = self.evaluate()  # step 0: the untrained agents, for before/after
                 self.last_eval_reward = baseline["eval/reward/mean"]
                 metrics_logger.log(baseline, 0)
                 history.append(baseline)
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not out_of_time():
                 metrics = self.train_step()
                 self.step += 1
                 self.last_reward = metrics["reward/mean"]
