@@ -136,6 +136,54 @@ def evaluate(policies, env, params: SamplingParams, args) -> tuple[dict, list]:
     return per_problem, records
 
 
+class HeldOut:
+    """The held-out split of a run's env, and the run's agents with any checkpoint's weights."""
+
+    def __init__(self, config: MAGRPOConfig, args: argparse.Namespace):
+        self.args = args
+        self.split = args.eval_split or llm_marl_envs.default_eval_split(config.env)
+        self.env = llm_marl_envs.make(config.env, data=args.data, split=self.split)
+        agents = list(self.env.possible_agents)
+        self.policies = load_policies(
+            agents, [resolve_model(config.model)] * len(agents), finetune=config.finetune,
+            lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
+            lora_target_modules=config.lora_target_modules, dtype=config.dtype,
+            use_chat_template=config.use_chat_template,
+        )  # fmt: skip
+        trainable = self.policies.named_trainable_parameters
+        self.fresh = {a: {n: p.detach().clone() for n, p in trainable(a).items()} for a in agents}
+        self.stop = answer_stops(self.env) if config.stop_at_answer_end else {}
+        self.params = SamplingParams(
+            config.max_new_tokens, config.temperature, config.top_p, config.top_k, self.stop
+        )
+
+    def score(self, checkpoint: Path | None) -> tuple[dict, list]:
+        """``evaluate`` with a checkpoint's weights (None: fresh adapters, the untrained model)."""
+        weights = self.fresh if checkpoint is None else load_checkpoint(checkpoint)["weights"]
+        with torch.no_grad():
+            for agent in self.fresh:
+                for name, param in self.policies.named_trainable_parameters(agent).items():
+                    param.copy_(weights[agent][name])
+        return evaluate(self.policies, self.env, self.params, self.args)
+
+    def sampling(self) -> dict:
+        return {**vars(self.params), "stop": {a: list(s) for a, s in self.stop.items()}}
+
+
+def summarise(results: dict) -> dict:
+    """Per evaluation and metric: mean ± SE over problems, and the paired change from the
+    first evaluation (the untrained model) ± its SE."""
+    before = next(iter(results.values()))
+    table = {}
+    for step, per_problem in results.items():
+        table[str(step)] = {}
+        for name, values in per_problem.items():
+            row = mean(values)
+            row["change"] = mean([a - b for a, b in zip(values, before[name], strict=True)])
+            table[str(step)][name] = row
+    return table
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -180,44 +228,17 @@ def main(argv=None) -> int:
     trained = time.perf_counter()
 
     config = MAGRPOConfig(**json.loads((run_dir / "config.json").read_text()))
-    eval_split = args.eval_split or llm_marl_envs.default_eval_split(env_name)
-    env = llm_marl_envs.make(config.env, data=args.data, split=eval_split)
-    agents = list(env.possible_agents)
-    model = resolve_model(config.model)
-    policies = load_policies(
-        agents, [model] * len(agents), finetune=config.finetune, lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha, lora_target_modules=config.lora_target_modules,
-        dtype=config.dtype, use_chat_template=config.use_chat_template,
-    )  # fmt: skip
-    fresh = {a: {n: p.detach().clone() for n, p in policies.named_trainable_parameters(a).items()}
-             for a in agents}  # fmt: skip
-    stop = answer_stops(env) if config.stop_at_answer_end else {}
-    params = SamplingParams(
-        config.max_new_tokens, config.temperature, config.top_p, config.top_k, stop
-    )
+    held_out = HeldOut(config, args)
     results, samples, seconds = {}, {}, {}
     for step, path in checkpoints_to_evaluate(run_dir, args.steps, args.eval_every).items():
-        weights = fresh if path is None else load_checkpoint(path)["weights"]
-        with torch.no_grad():
-            for agent in agents:
-                for name, param in policies.named_trainable_parameters(agent).items():
-                    param.copy_(weights[agent][name])
         print(f"step {step}: evaluating", flush=True)
         t0 = time.perf_counter()
-        results[step], samples[step] = evaluate(policies, env, params, args)
+        results[step], samples[step] = held_out.score(path)
         seconds[f"eval step {step}"] = time.perf_counter() - t0
 
-    before = results[0]
-    table = {}
-    for step, per_problem in results.items():
-        table[str(step)] = {}
-        for name, values in per_problem.items():
-            row = mean(values)
-            diffs = [a - b for a, b in zip(values, before[name], strict=True)]
-            row["change"] = mean(diffs)
-            table[str(step)][name] = row
+    table = summarise(results)
     last = table[str(args.steps)]
-    print(f"\n{env_name}: held-out {eval_split}, {args.samples} samples per problem\n")
+    print(f"\n{env_name}: held-out {held_out.split}, {args.samples} samples per problem\n")
     print(f"| metric | step 0 | step {args.steps} | change |\n| --- | ---: | ---: | ---: |")
     for name, row in last.items():
         first = table["0"][name]
@@ -233,10 +254,10 @@ def main(argv=None) -> int:
         "code": git_commit(REPO),
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.torch_threads},
         "train_config": config.to_dict(),
-        "eval_split": eval_split,
-        "problems": len(next(iter(before.values()))),
+        "eval_split": held_out.split,
+        "problems": len(next(iter(results[0].values()))),
         "samples": args.samples,
-        "sampling": {**vars(params), "stop": {a: list(s) for a, s in stop.items()}},
+        "sampling": held_out.sampling(),
         "seconds": seconds,
         "metrics": list(last),
         "steps": table,
