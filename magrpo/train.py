@@ -75,11 +75,11 @@ def train(config: MAGRPOConfig) -> TrainResult:
     finally:
         trainer.close()
     if trainer.parallel.is_main:
-        print_summary(result, time.perf_counter() - started)
+        print_summary(result, time.perf_counter() - started, config.algorithm)
     return result
 
 
-def print_summary(result: TrainResult, seconds: float) -> None:
+def print_summary(result: TrainResult, seconds: float, algorithm: str = "magrpo") -> None:
     minutes, secs = divmod(int(seconds), 60)
     eval_text = (
         "" if result.last_eval_reward is None else f", last eval {result.last_eval_reward:.3f}"
@@ -90,7 +90,7 @@ def print_summary(result: TrainResult, seconds: float) -> None:
         else "peft: PeftModel.from_pretrained"
     )
     lines = [
-        f"MAGRPO finished: {result.steps} steps in {minutes}m{secs:02d}s",
+        f"{algorithm.upper()} finished: {result.steps} steps in {minutes}m{secs:02d}s",
         f"  joint reward: last {result.last_reward:.3f}, best {result.best_reward:.3f}{eval_text}",
         f"  metrics:      {result.metrics_path}",
         f"  checkpoints:  {result.output_dir / 'checkpoints'} (continue with --resume)",
