@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from learning import HeldOut, summarise
-from untrained_coding_answers import git_commit
+from learning import HeldOut, provenance, summarise, write_result
 
 import llm_marl_envs
 from magrpo.checkpoint import list_checkpoints
@@ -134,10 +131,7 @@ def main(argv=None) -> int:
         )
     result = {
         "env": env_name,
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "code": git_commit(REPO),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": args.torch_threads},
+        **provenance(args),
         "budget_minutes": args.minutes,
         "eval_split": held_out.split,
         "problems": len(untrained["joint reward"]),
@@ -146,12 +140,7 @@ def main(argv=None) -> int:
         "runs": runs,
         "results": results,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}")
+    write_result(result, out, args.plot, plot)
     return 0
 
 

@@ -249,10 +249,7 @@ def main(argv=None) -> int:
     seconds.update(train=trained - started, total=time.perf_counter() - started)
     result = {
         "env": env_name,
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "code": git_commit(REPO),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": args.torch_threads},
+        **provenance(args),
         "train_config": config.to_dict(),
         "eval_split": held_out.split,
         "problems": len(next(iter(results[0].values()))),
@@ -263,13 +260,28 @@ def main(argv=None) -> int:
         "steps": table,
         "answers": {str(step): records for step, records in samples.items()},
     }
+    write_result(result, out, args.plot, plot)
+    return 0
+
+
+def provenance(args: argparse.Namespace) -> dict:
+    """The command, the date, the code's commit and the machine of a result."""
+    return {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "code": git_commit(REPO),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": args.torch_threads},
+    }
+
+
+def write_result(result: dict, out: Path, plot_to: Path | None, plot_fn) -> None:
+    """The result as JSON, and ``plot_fn``'s PNG of it when ``plot_to`` is given."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    if plot_to:
+        plot_fn(result, plot_to)
+        print(f"wrote {plot_to}")
 
 
 if __name__ == "__main__":
