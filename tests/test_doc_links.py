@@ -55,3 +55,16 @@ def test_relative_links_resolve(doc):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{number}: {target} (no such heading)")
     assert not broken, f"{doc.relative_to(REPO)}:\n" + "\n".join(broken)
+
+
+def readme_python_snippets() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), re.M | re.S)
+
+
+def test_readme_python_snippets_run(monkeypatch):
+    """The README's Python examples run as written, from the repository's root."""
+    snippets = readme_python_snippets()
+    assert len(snippets) >= 2
+    monkeypatch.chdir(REPO)
+    for snippet in snippets:
+        exec(compile(snippet, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
