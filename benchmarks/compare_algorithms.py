@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import subprocess
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
             print("untrained model: evaluating", flush=True)
             untrained, _ = held_out.score(None)
         log = training_log(run_dir)
-        minutes = [sum(r["time/step"] for r in log[:step]) / 60 for step in range(len(log) + 1)]
+        minutes = [0.0, *itertools.accumulate(r["time/step"] / 60 for r in log)]  # after step i
         checkpoints = {int(p.name.removeprefix("step-")): p for p in list_checkpoints(run_dir)}
         last = max(checkpoints)
         middle = min(checkpoints, key=lambda step: abs(minutes[step] - minutes[last] / 2))

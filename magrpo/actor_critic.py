@@ -151,15 +151,15 @@ class ActorCritic(Algorithm):
             for agent in node.agents
         }
         features = self._features(set(inputs.values()))
-        values = {
-            key: float(self.critics[name].values(features[(name, ids)][None])[0])
-            for key, (name, ids) in inputs.items()
-        }
+        value_of = self._values(features)
+        values = {key: value_of[found] for key, found in inputs.items()}
         joint_advantages = tree_advantages(
             rollout.nodes, values, self.config.discount, self.config.gae_lambda
         )
         samples: list[TrainSample] = []
-        targets: dict[tuple[str, int], tuple[torch.Tensor, float]] = {}
+        # per critic and node: its features and its TD(lambda) target; a critic that several
+        # agents share (MAAC) gets the same target from each of them, and keeps one
+        fit: dict[str, dict[int, tuple[torch.Tensor, float]]] = {n: {} for n in self.critics}
         for node in rollout.nodes:
             for index, agent in enumerate(node.agents):
                 key = (node.node_id, agent)
@@ -168,17 +168,13 @@ class ActorCritic(Algorithm):
                     TrainSample(c, a)
                     for c, a in zip(node.samples[agent], sample_advantages, strict=True)
                 )
-                name, ids = inputs[key]
-                # the TD(lambda) return; a critic that several agents share (MAAC) gets the
-                # same target from each of them, and keeps one
                 target = values[key] + float(np.mean(joint_advantages[key]))
-                targets[(name, node.node_id)] = (features[(name, ids)], target)
+                fit[inputs[key][0]][node.node_id] = (features[inputs[key]], target)
         self._fit = {}
-        for name in self.critics:
-            rows = [(f, t) for (n, _), (f, t) in targets.items() if n == name]
+        for name, rows in fit.items():
             if rows:
-                stacked = torch.stack([f for f, _ in rows])
-                wanted = torch.tensor([t for _, t in rows], device=stacked.device)
+                stacked = torch.stack([f for f, _ in rows.values()])
+                wanted = torch.tensor([t for _, t in rows.values()], device=stacked.device)
                 self._fit[name] = (stacked, wanted)
         totals = self.parallel.sum(
             [len(values), sum(values.values()), sum(s.advantage for s in samples), len(samples)]
@@ -198,6 +194,16 @@ class ActorCritic(Algorithm):
                 rows = self.policies.prompt_features(critic.reader, [list(p) for p in chunk])
                 features.update({(name, p): row for p, row in zip(chunk, rows, strict=True)})
         return features
+
+    def _values(self, features: dict) -> dict[tuple[str, tuple[int, ...]], float]:
+        """(critic, token ids) -> that critic's value, one head pass per critic."""
+        values = {}
+        for name, critic in self.critics.items():
+            keys = [key for key in features if key[0] == name]
+            if keys:
+                found = critic.values(torch.stack([features[key] for key in keys]))
+                values.update(zip(keys, found.tolist(), strict=True))
+        return values
 
     def update_extras(self, rollout: RolloutResult) -> dict[str, float]:
         metrics = {}
