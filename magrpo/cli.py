@@ -58,7 +58,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                 and fields[name].default_factory is dataclasses.MISSING
             )
             kwargs: dict[str, Any] = {
-                "help": fields[name].metadata.get("help", ""),
+                # argparse expands %-formats in help texts; a plain "91%" must stay as it is
+                "help": fields[name].metadata.get("help", "").replace("%", "%%"),
                 "dest": name,
                 "default": argparse.SUPPRESS,
                 **({"required": True} if required else {}),

@@ -1,10 +1,12 @@
 """MAGRPOConfig: documented fields, YAML + CLI overrides, clear validation errors."""
 
+import argparse
 import dataclasses
 from pathlib import Path
 
 import pytest
 
+from magrpo.cli import add_dataclass_arguments, flag_help
 from magrpo.config import ConfigError, MAGRPOConfig, build_arg_parser, config_from_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -76,3 +78,15 @@ def test_unknown_key_lists_known_ones():
 def test_shipped_configs_load(name):
     config = MAGRPOConfig.from_yaml(CONFIGS / f"{name}.yaml")
     assert config.group_size >= 2
+
+
+@dataclasses.dataclass
+class _PercentSettings:
+    share: float = dataclasses.field(default=0.9, metadata=flag_help("91% of answers, %(x)s"))
+
+
+def test_help_texts_keep_a_percent_sign_as_written():
+    """argparse expands %-formats in help; '91% of' would raise or print garbage unescaped."""
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, _PercentSettings)
+    assert "91% of answers, %(x)s" in " ".join(parser.format_help().split())
