@@ -1,14 +1,19 @@
-"""Which answers of a learning result hit the token limit, and are they loops?
+"""Which sampled answers hit the token limit, would a smaller limit cut more, and do they loop?
 
     python benchmarks/cut_off_answers.py benchmarks/results/learning_coophumaneval.json --step 0
+    python benchmarks/cut_off_answers.py \\
+        benchmarks/results/untrained_coding_answers_v2-512.json --limits 256 320 384 448
 
-A result of ``learning.py`` keeps every sampled answer's text but, per joint action, only the
-share of its answers that were cut off. Within a joint action the cut-off answers are its
-longest ones, so this re-tokenises each answer with the run's tokenizer and takes that many
-of the longest. A cut-off answer *repeats* when its
-last 40 characters already occur earlier in it: the model was looping, and a larger limit
-would only have made the loop longer. ``--show`` prints the end of every other cut-off answer,
-to be read by hand (prose, or code still being written).
+Reads a result of ``learning.py`` (one checkpoint's answers, ``--step``) or of
+``untrained_coding_answers.py``. The latter flags every cut-off answer; the former keeps, per
+joint action, only the share of its answers that were cut off, and the cut-off answers are the
+joint's longest, so each answer is re-tokenised with the run's model's tokenizer and that many
+of the longest are taken. ``--limits`` gives the share that each smaller limit would have cut:
+an answer that finished in n tokens finishes under any limit >= n, because the seeded sampler
+draws the same tokens whatever the limit. A cut-off answer *repeats* when its last 40
+characters already occur earlier in it: the model was looping, and a larger limit would only
+have made the loop longer. ``--show`` prints the end of every other cut-off answer, to be read
+by hand (prose, or code still being written).
 """
 
 from __future__ import annotations
@@ -29,44 +34,63 @@ def repeats(text: str) -> bool:
     return len(text) > 2 * TAIL and text[-TAIL:] in text[:-TAIL]
 
 
+def sampled_answers(result: dict, step: str, length) -> tuple[list[dict], int]:
+    """Every answer of the result as {agent, problem, sample, text, tokens, cut}, and its limit."""
+    if "answers" not in result:  # untrained_coding_answers.py: a flag per answer
+        answers = [
+            {"agent": agent, "problem": r["index"], "sample": r["sample"], "text": text,
+             "tokens": length(text), "cut": r["cut"][agent]}
+            for r in result["samples"] for agent, text in r["texts"].items()
+        ]  # fmt: skip
+        return answers, result["config"]["max_new_tokens"]
+    if step not in result["answers"]:
+        raise SystemExit(f"step {step} is not in the result: {sorted(result['answers'])}")
+    answers = []
+    for r in result["answers"][step]:
+        tokens = {agent: length(text) for agent, text in r["texts"].items()}
+        cut = sorted(tokens, key=tokens.get, reverse=True)[: round(r["cut off"] * len(tokens))]
+        answers += [
+            {"agent": agent, "problem": r["problem"], "sample": r["sample"], "text": text,
+             "tokens": tokens[agent], "cut": agent in cut}
+            for agent, text in r["texts"].items()
+        ]  # fmt: skip
+    return answers, result["train_config"]["max_new_tokens"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("result", type=Path, help="a JSON file written by learning.py")
-    parser.add_argument("--step", default="0", help="the checkpoint's step (0: untrained)")
+    parser.add_argument("result", type=Path, help="a JSON file of learning.py or untrained_*")
+    parser.add_argument("--step", default="0", help="learning.py: the checkpoint's step")
+    parser.add_argument("--limits", type=int, nargs="*", default=[], help="smaller limits")
     parser.add_argument("--show", action="store_true", help="print the non-repeating ones")
     args = parser.parse_args(argv)
 
     result = json.loads(args.result.read_text())
-    if args.step not in result["answers"]:
-        parser.error(f"step {args.step} is not in {args.result}: {sorted(result['answers'])}")
-    config = result["train_config"]
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(config["model"]))
-    records = result["answers"][args.step]
+    model = result["train_config"]["model"] if "answers" in result else result["model"]["id"]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    answers, limit = sampled_answers(
+        result, args.step,
+        lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
+    )  # fmt: skip
+    limits = sorted({*args.limits, limit})
+    if limits[-1] > limit:
+        parser.error(f"--limits must not exceed the run's own limit, {limit}")
 
-    counts: dict[str, dict[str, int]] = {}
-    for record in records:
-        texts = record["texts"]
-        length = {
-            a: len(tokenizer(t, add_special_tokens=False).input_ids) for a, t in texts.items()
-        }
-        cut = sorted(texts, key=length.get, reverse=True)[: round(record["cut off"] * len(texts))]
-        for agent, text in texts.items():
-            row = counts.setdefault(agent, {"answers": 0, "cut off": 0, "repeating": 0})
-            row["answers"] += 1
-            if agent not in cut:
-                continue
-            row["cut off"] += 1
-            if repeats(text):
-                row["repeating"] += 1
-            elif args.show:
-                print(f"--- {agent}, problem {record['problem']}, sample {record['sample']}:")
-                print(f"... {text[-300:]}\n")
-
-    print(f"{args.result}, step {args.step}, limit {config['max_new_tokens']} tokens")
-    print("| agent | answers | cut off | of which repeat their last 40 characters |")
-    print("| --- | ---: | ---: | ---: |")
-    for agent, row in counts.items():
-        print(f"| {agent} | {row['answers']} | {row['cut off']} | {row['repeating']} |")
+    print(f"{args.result}, limit {limit} tokens")
+    print("| agent | answers | " + " | ".join(f"cut off at {n}" for n in limits), end=" | ")
+    print(f"of those at {limit}, repeating their last {TAIL} characters |")
+    print("| --- |" + " ---: |" * (len(limits) + 2))
+    for agent in [*dict.fromkeys(a["agent"] for a in answers), None]:
+        mine = [a for a in answers if agent in (None, a["agent"])]
+        cut_at = [sum(a["cut"] or a["tokens"] > n for a in mine) for n in limits]
+        looping = sum(a["cut"] and repeats(a["text"]) for a in mine)
+        shares = " | ".join(f"{c} ({c / len(mine):.0%})" for c in cut_at)
+        print(f"| {agent or 'all'} | {len(mine)} | {shares} | {looping} |")
+    if args.show:
+        for a in answers:
+            if a["cut"] and not repeats(a["text"]):
+                print(f"\n--- {a['agent']}, problem {a['problem']}, sample {a['sample']}:")
+                print(f"... {a['text'][-300:]}")
     return 0
 
 
