@@ -207,7 +207,7 @@ class MAGRPOConfig:
         metadata=flag_help(
             "Max tokens per completion (answers usually end earlier, at EOS or at the env's "
             "stop strings). 384 lets 91% of the untrained default model's answers finish on "
-            "the default task (86% at the paper's 256; docs/training.md)."
+            "the default task (86.5% at the paper's 256; docs/training.md)."
         ),
     )
     stop_at_answer_end: bool = field(
