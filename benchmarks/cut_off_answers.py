@@ -5,15 +5,15 @@
         benchmarks/results/untrained_coding_answers_v2-512.json --limits 256 320 384 448
 
 Reads a result of ``learning.py`` (one checkpoint's answers, ``--step``) or of
-``untrained_coding_answers.py``. The latter flags every cut-off answer; the former keeps, per
-joint action, only the share of its answers that were cut off, and the cut-off answers are the
-joint's longest, so each answer is re-tokenised with the run's model's tokenizer and that many
-of the longest are taken. ``--limits`` gives the share that each smaller limit would have cut:
-an answer that finished in n tokens finishes under any limit >= n, because the seeded sampler
-draws the same tokens whatever the limit. A cut-off answer *repeats* when its last 40
-characters already occur earlier in it: the model was looping, and a larger limit would only
-have made the loop longer. ``--show`` prints the end of every other cut-off answer, to be read
-by hand (prose, or code still being written).
+``untrained_coding_answers.py``, whose records flag every cut-off answer. A learning.py result
+without those flags keeps, per joint action, only the share of its answers that were cut off;
+the cut-off answers are the joint's longest, so that many of the longest are taken. Answers are
+re-tokenised with the run's model's tokenizer. ``--limits`` gives the share that each smaller
+limit would have cut: an answer that finished in n tokens finishes under any limit >= n,
+because the seeded sampler draws the same tokens whatever the limit. A cut-off answer *repeats*
+when its last 40 characters already occur earlier in it: the model was looping, and a larger
+limit would only have made the loop longer. ``--show`` prints the end of every other cut-off
+answer, to be read by hand (prose, or code still being written).
 """
 
 from __future__ import annotations
@@ -34,27 +34,40 @@ def repeats(text: str) -> bool:
     return len(text) > 2 * TAIL and text[-TAIL:] in text[:-TAIL]
 
 
-def sampled_answers(result: dict, step: str, length) -> tuple[list[dict], int]:
-    """Every answer of the result as {agent, problem, sample, text, tokens, cut}, and its limit."""
-    if "answers" not in result:  # untrained_coding_answers.py: a flag per answer
-        answers = [
-            {"agent": agent, "problem": r["index"], "sample": r["sample"], "text": text,
-             "tokens": length(text), "cut": r["cut"][agent]}
-            for r in result["samples"] for agent, text in r["texts"].items()
-        ]  # fmt: skip
-        return answers, result["config"]["max_new_tokens"]
-    if step not in result["answers"]:
-        raise SystemExit(f"step {step} is not in the result: {sorted(result['answers'])}")
+def settings(result: dict) -> tuple[str | None, int]:
+    """The model and the token limit that the result's answers were sampled with."""
+    if "answers" in result:  # learning.py
+        return result["train_config"]["model"], result["train_config"]["max_new_tokens"]
+    return result["model"]["id"], result["config"]["max_new_tokens"]
+
+
+def cut_agents(record: dict, tokens: dict[str, int]) -> set[str]:
+    """The agents whose answer in this joint was cut off: the record's own flags or, in a
+    learning.py result that keeps only the joint's share, that many of its longest answers."""
+    if "cut" in record:
+        return {agent for agent, cut in record["cut"].items() if cut}
+    longest = sorted(tokens, key=tokens.get, reverse=True)
+    return set(longest[: round(record["cut off"] * len(tokens))])
+
+
+def sampled_answers(result: dict, step: str, length) -> list[dict]:
+    """Every answer of the result as {agent, problem, sample, text, tokens, cut}."""
+    if "answers" in result:  # learning.py: one list of joint answers per checkpoint
+        if step not in result["answers"]:
+            raise SystemExit(f"step {step} is not in the result: {sorted(result['answers'])}")
+        records = result["answers"][step]
+    else:
+        records = result["samples"]
     answers = []
-    for r in result["answers"][step]:
+    for r in records:
         tokens = {agent: length(text) for agent, text in r["texts"].items()}
-        cut = sorted(tokens, key=tokens.get, reverse=True)[: round(r["cut off"] * len(tokens))]
+        cut = cut_agents(r, tokens)
         answers += [
-            {"agent": agent, "problem": r["problem"], "sample": r["sample"], "text": text,
-             "tokens": tokens[agent], "cut": agent in cut}
+            {"agent": agent, "problem": r.get("problem", r.get("index")), "sample": r["sample"],
+             "text": text, "tokens": tokens[agent], "cut": agent in cut}
             for agent, text in r["texts"].items()
         ]  # fmt: skip
-    return answers, result["train_config"]["max_new_tokens"]
+    return answers
 
 
 def main(argv=None) -> int:
@@ -66,9 +79,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     result = json.loads(args.result.read_text())
-    model = result["train_config"]["model"] if "answers" in result else result["model"]["id"]
+    model, limit = settings(result)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
-    answers, limit = sampled_answers(
+    answers = sampled_answers(
         result, args.step,
         lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
     )  # fmt: skip

@@ -124,13 +124,14 @@ def evaluate(policies, env, params: SamplingParams, args) -> tuple[dict, list]:
             _, rewards, _, _, infos = copy.deepcopy(roots[i]).step(texts)
             info = infos[agents[0]]
             row = {"joint reward": sum(rewards.values()) / len(rewards)}
-            row["cut off"] = sum(not answers[i][a][g].finished for a in agents) / len(agents)
+            cut = {agent: not answers[i][agent][g].finished for agent in agents}
+            row["cut off"] = sum(cut.values()) / len(agents)
             if "tests_total" in info:
                 row.update(coding_facts(info))
             row.update({f"part {k}": v for k, v in info.get("reward_parts", {}).items()})
             for name, value in row.items():
                 values.setdefault(name, []).append(value)
-            records.append({"problem": i, "sample": g, "texts": texts, **row})
+            records.append({"problem": i, "sample": g, "texts": texts, "cut": cut, **row})
         for name, vals in values.items():
             per_problem.setdefault(name, []).append(sum(vals) / len(vals))
     return per_problem, records
