@@ -127,7 +127,9 @@ def parse_args(argv=None):
     p.add_argument("--split", default="train")
     p.add_argument("--samples", type=int, default=2, help="answers per problem per agent")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: the trainer's default"
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N problems")
     p.add_argument("--label", default="", help="free-text tag stored in the JSON")
     p.add_argument(
@@ -153,8 +155,13 @@ def main(argv=None) -> int:
         from magrpo.env_contract import answer_stops
 
         stop = {"stop": answer_stops(env)}
+    max_new_tokens = args.max_new_tokens or DEFAULTS.max_new_tokens
+    if max_new_tokens is None:  # the trainer's default: the env's answer budget
+        from magrpo.env_contract import answer_budget
+
+        max_new_tokens = answer_budget(env)
     params = SamplingParams(
-        args.max_new_tokens, DEFAULTS.temperature, DEFAULTS.top_p, DEFAULTS.top_k, **stop
+        max_new_tokens, DEFAULTS.temperature, DEFAULTS.top_p, DEFAULTS.top_k, **stop
     )
     loaded = time.perf_counter()
 
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
     }
     print(
         f"\n{args.label or 'run'}: {len(indices)} problems x {args.samples} samples, "
-        f"max_new_tokens {args.max_new_tokens}\n"
+        f"max_new_tokens {max_new_tokens}\n"
     )
     print("| metric | value | SE | n |\n| --- | ---: | ---: | ---: |")
     for name, m in metrics.items():

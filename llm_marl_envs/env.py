@@ -178,7 +178,7 @@ class TextParallelEnv(ParallelEnv):
 def answer_format(task: Task) -> dict[str, dict[str, Any]]:
     """What a trainer needs to generate each agent's answer well, without knowing the task:
     ``stop`` (strings after which the answer is complete; the sampler may stop there and
-    keep them) and ``max_tokens`` (a generation budget that fits a good answer)."""
+    keep them) and ``max_tokens`` (a generation budget within which answers to the task end)."""
     return {
         role: {
             "stop": list(task.stop_sequences.get(role, ())),

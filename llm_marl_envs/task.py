@@ -46,7 +46,8 @@ class Task(abc.ABC):
     max_reward: float = 0.0
     #: Per role: text after which an answer is complete (a sampler may stop there).
     stop_sequences: Mapping[str, Sequence[str]] = {}
-    #: A generation budget, in tokens of a typical subword tokenizer, that fits a good answer.
+    #: A generation budget, in tokens of a typical subword tokenizer, within which answers to
+    #: the task end: room for a good answer and the prose models write around it.
     suggested_max_tokens: int = 256
 
     def __init__(self, records: Records):

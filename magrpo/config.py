@@ -202,12 +202,14 @@ class MAGRPOConfig:
     )
     top_p: float = field(default=0.95, metadata=flag_help("Nucleus sampling top_p (1.0: off)."))
     top_k: int = field(default=0, metadata=flag_help("Top-k sampling (0: off)."))
-    max_new_tokens: int = field(
-        default=384,
+    max_new_tokens: int | None = field(
+        default=None,
         metadata=flag_help(
             "Max tokens per completion (answers usually end earlier, at EOS or at the env's "
-            "stop strings). 384 lets 91% of the untrained default model's answers finish on "
-            "the default task (86.5% at the paper's 256; docs/training.md)."
+            "stop strings). Default: the env's answer budget (metadata['answer_format']): 384 "
+            "for the coding envs, where 91% of the untrained default model's answers finish "
+            "(86.5% at the paper's 256), and 256 for the writing envs, whose rewards cap an "
+            "answer at 256 words (docs/training.md)."
         ),
     )
     stop_at_answer_end: bool = field(
@@ -376,7 +378,6 @@ class MAGRPOConfig:
         positive = (
             "group_size",
             "num_turns",
-            "max_new_tokens",
             "prompts_per_step",
             "micro_batch_size",
             "num_update_epochs",
@@ -385,10 +386,17 @@ class MAGRPOConfig:
             "critic_hidden_size",
             "env_workers",
         )
+
+        def positive_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(name, value, "a positive integer")
+            if not positive_int(getattr(self, name)):
+                raise bad(name, getattr(self, name), "a positive integer")
+        if self.max_new_tokens is not None and not positive_int(self.max_new_tokens):
+            raise bad(
+                "max_new_tokens", self.max_new_tokens, "a positive integer, or null (the env's)"
+            )
         for name in ("save_interval", "eval_interval", "eval_size", "save_total_limit", "top_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:

@@ -1,6 +1,6 @@
 """What the trainer needs from an environment, checked before training: the PettingZoo
-parallel API with text spaces, the strings that end an answer, and a horizon that agrees
-with the rollout's."""
+parallel API with text spaces, the strings that end an answer and the tokens an answer may
+take, and a horizon that agrees with the rollout's."""
 
 from __future__ import annotations
 
@@ -45,6 +45,22 @@ def answer_stops(env: Any) -> dict[str, tuple[str, ...]]:
         for agent, found in formats.items()
         if isinstance(found, dict)
     }
+
+
+def answer_budget(env: Any) -> int:
+    """The env's generation budget: the largest ``metadata["answer_format"][agent]
+    ["max_tokens"]`` of its agents (one sampler serves them all). An env that declares none
+    needs an explicit ``max_new_tokens``: no number fits every task."""
+    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
+    budgets = [found.get("max_tokens") for found in formats.values() if isinstance(found, dict)]
+    budgets = [b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0]
+    if not budgets:
+        raise IncompatibleEnvError(
+            f"{type(env).__name__} declares no answer budget (metadata['answer_format'][agent]"
+            "['max_tokens']), so the trainer cannot choose a token limit for its answers: pass "
+            "--max-new-tokens (max_new_tokens in the config)."
+        )
+    return max(budgets)
 
 
 def check_horizon(env: Any, num_turns: int) -> None:

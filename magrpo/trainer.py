@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,13 @@ from magrpo.checkpoint import set_rng_state as restore_rng_state
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.data_order import DataOrder, total_steps
 from magrpo.distributed import DataParallel
-from magrpo.env_contract import answer_stops, check_horizon, check_state, check_text_env
+from magrpo.env_contract import (
+    answer_budget,
+    answer_stops,
+    check_horizon,
+    check_state,
+    check_text_env,
+)
 from magrpo.loading import agent_devices, load_policies
 from magrpo.logging_utils import MetricsLogger, NullMetricsLogger, progress_bar
 from magrpo.losses import LossNormalizer, get_loss
@@ -87,10 +93,12 @@ class MAGRPOTrainer:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        self.agents = check_text_env(env)
+        if config.max_new_tokens is None:
+            config = replace(config, max_new_tokens=answer_budget(env))
         self.config = config
         self.env = env
         self.eval_env = eval_env
-        self.agents = check_text_env(env)
         check_horizon(env, config.num_turns)
         algorithm = get_algorithm(config.algorithm)
         if algorithm.reads_state:

@@ -104,7 +104,7 @@ def test_coding_envs_declare_where_an_answer_ends(env_id: str) -> None:
     env = llm_marl_envs.make(env_id, **kwargs)
     for agent in env.possible_agents:
         answer_format = env.metadata["answer_format"][agent]
-        assert answer_format["stop"] == ["\n```\n"] and answer_format["max_tokens"] == 256
+        assert answer_format["stop"] == ["\n```\n"] and answer_format["max_tokens"] == 384
         answer = "```python\ndef aux(x):\n    return x\n```\nThis returns x."
         cut = answer.index(answer_format["stop"][0]) + len(answer_format["stop"][0])
         assert "```python" not in answer_format["stop"][0]  # the opening fence does not stop

@@ -108,6 +108,15 @@ def test_envs_publish_their_id_and_answer_format(env_id):
     assert type(env).metadata["name"] == "text_parallel_v0"  # the class's stays untouched
 
 
+@pytest.mark.parametrize("env_id", ["tldr-v1", "arxiv-v1"])
+def test_writing_budget_stays_within_the_rewards_word_cap(env_id):
+    """At one token or more per word, an answer cut at the budget still earns the structure
+    level: the default token limit cannot zero the reward by itself."""
+    env = llm_marl_envs.make(env_id, **ENV_KWARGS[env_id])
+    most_words = env.task.reward_spec.word_range[1]
+    assert all(f["max_tokens"] <= most_words for f in env.metadata["answer_format"].values())
+
+
 @pytest.mark.parametrize("env_id", sorted(ENV_KWARGS))
 def test_parallel_api(env_id):
     parallel_api_test(llm_marl_envs.make(env_id, **ENV_KWARGS[env_id], max_turns=2), num_cycles=4)

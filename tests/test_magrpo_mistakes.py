@@ -6,12 +6,15 @@ import json
 import logging
 
 import pytest
+from conftest import DATA
 from magrpo_fixtures import WordGameEnv, build_tiny_model, build_tokenizer
 
+import llm_marl_envs
 from magrpo.config import ConfigError, MAGRPOConfig
 from magrpo.env_contract import IncompatibleEnvError, check_horizon
 from magrpo.errors import ModelLoadError
 from magrpo.loading import load_policies
+from magrpo.trainer import MAGRPOTrainer
 
 
 def test_a_group_of_one_is_refused_where_the_baseline_needs_a_group():
@@ -20,6 +23,28 @@ def test_a_group_of_one_is_refused_where_the_baseline_needs_a_group():
             MAGRPOConfig(group_size=1, advantage=advantage)
     with pytest.warns(UserWarning, match="no group baseline"):
         MAGRPOConfig(group_size=1, advantage="reinforce")
+
+
+def test_the_token_limit_is_the_envs_budget_unless_given(tmp_path):
+    """The default limit comes from the env (``answer_format``): 256 for the writing tasks,
+    whose rewards cap answers at 256 words, 384 for the coding tasks. An env that declares
+    no budget needs one given, rather than a number chosen for another task."""
+    path = build_tiny_model(tmp_path / "tiny")
+    config = MAGRPOConfig(model=str(path), max_steps=1, output_dir=str(tmp_path / "run"))
+    assert config.max_new_tokens is None
+    envs = {
+        256: llm_marl_envs.make("tldr", data=DATA / "tldr_sample.jsonl"),
+        384: llm_marl_envs.make("coophumaneval", data=DATA / "coding_sample.jsonl", split="all"),
+    }
+    for budget, env in envs.items():
+        assert MAGRPOTrainer(config, env, model_resolver=str).config.max_new_tokens == budget
+    given = MAGRPOConfig(model=str(path), max_steps=1, max_new_tokens=7)
+    assert MAGRPOTrainer(given, envs[384], model_resolver=str).config.max_new_tokens == 7
+    with pytest.raises(IncompatibleEnvError, match="--max-new-tokens"):
+        MAGRPOTrainer(config, WordGameEnv(), model_resolver=str)
+    assert MAGRPOTrainer(given, WordGameEnv(), model_resolver=str).config.max_new_tokens == 7
+    with pytest.raises(ConfigError, match="max_new_tokens=0"):
+        MAGRPOConfig(max_new_tokens=0)
 
 
 def test_horizon_longer_than_the_env_is_refused_shorter_is_said(caplog):

@@ -46,6 +46,10 @@ class WritingTask(Task):
     reward_spec: WritingRewardSpec
     prompt_styles: Mapping[str, Mapping[str, str]] = {}
     max_reward = MAX_WRITING_REWARD
+    #: The rewards pay nothing for an answer of more than 256 words. A tokenizer that splits
+    #: at spaces (SmolLM's, Qwen's) spends at least one token per word, so 256 tokens stay
+    #: within the cap; at 384, the untrained default model's longer answers pass it.
+    suggested_max_tokens = 256
 
     def __init__(
         self,
