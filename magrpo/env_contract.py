@@ -36,14 +36,19 @@ def check_text_env(env: Any) -> list[str]:
     return agents
 
 
+def _answer_formats(env: Any) -> dict[str, dict[str, Any]]:
+    """``metadata["answer_format"]``: per agent, what the env declares about its answers
+    (empty for an env that declares nothing)."""
+    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
+    return {agent: found for agent, found in formats.items() if isinstance(found, dict)}
+
+
 def answer_stops(env: Any) -> dict[str, tuple[str, ...]]:
     """Per agent, the strings after which the env says an answer is complete
     (``metadata["answer_format"][agent]["stop"]``; none for an env that declares none)."""
-    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
     return {
         agent: tuple(str(s) for s in found.get("stop", ()) if s)
-        for agent, found in formats.items()
-        if isinstance(found, dict)
+        for agent, found in _answer_formats(env).items()
     }
 
 
@@ -51,8 +56,7 @@ def answer_budget(env: Any) -> int:
     """The env's generation budget: the largest ``metadata["answer_format"][agent]
     ["max_tokens"]`` of its agents (one sampler serves them all). An env that declares none
     needs an explicit ``max_new_tokens``: no number fits every task."""
-    formats = (getattr(env, "metadata", None) or {}).get("answer_format") or {}
-    budgets = [found.get("max_tokens") for found in formats.values() if isinstance(found, dict)]
+    budgets = [found.get("max_tokens") for found in _answer_formats(env).values()]
     budgets = [b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0]
     if not budgets:
         raise IncompatibleEnvError(
