@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,10 @@ class MAGRPOTrainer:
 
         self.agents = check_text_env(env)
         if config.max_new_tokens is None:
-            config = replace(config, max_new_tokens=answer_budget(env))
+            # A copy rather than dataclasses.replace, which would validate the config again and
+            # repeat the warnings it gave when it was built.
+            config = copy.copy(config)
+            config.max_new_tokens = answer_budget(env)
         self.config = config
         self.env = env
         self.eval_env = eval_env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import pytest
 from conftest import DATA
@@ -45,6 +46,18 @@ def test_the_token_limit_is_the_envs_budget_unless_given(tmp_path):
     assert MAGRPOTrainer(given, WordGameEnv(), model_resolver=str).config.max_new_tokens == 7
     with pytest.raises(ConfigError, match="max_new_tokens=0"):
         MAGRPOConfig(max_new_tokens=0)
+
+
+def test_resolving_the_token_limit_does_not_repeat_config_warnings(tmp_path):
+    path = build_tiny_model(tmp_path / "tiny")
+    with pytest.warns(UserWarning, match="no group baseline"):
+        config = MAGRPOConfig(model=str(path), group_size=1, advantage="reinforce")
+    env = llm_marl_envs.make("tldr", data=DATA / "tldr_sample.jsonl")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = MAGRPOTrainer(config, env, model_resolver=str)
+    assert trainer.config.max_new_tokens == 256
+    assert not [w for w in caught if "no group baseline" in str(w.message)]
 
 
 def test_horizon_longer_than_the_env_is_refused_shorter_is_said(caplog):
