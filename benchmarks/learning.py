@@ -21,6 +21,10 @@
    ``benchmarks/results/learning_<env>.json`` (the command, the git commit, the machine, every
    sampled answer) and a PNG of the curves (``--plot``).
 
+The report also gives the training side (``training_side``): the training reward per third
+of the run, and its paired change per prompt between visits when the run passed over the
+train split more than once.
+
 Metrics: ``joint reward`` (the env's, averaged over agents), ``cut off`` (share of answers
 that hit ``max_new_tokens``) and the env's reward parts; for coding envs also ``helper defines
 aux``, ``main calls aux`` (main's entry point contains a call ``aux(...)``), ``pass rate``
@@ -38,6 +42,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,6 +52,7 @@ from untrained_coding_answers import git_commit, mean, sample_problems
 import llm_marl_envs
 from magrpo.checkpoint import list_checkpoints, load_checkpoint
 from magrpo.config import MAGRPOConfig
+from magrpo.data_order import DataOrder
 from magrpo.env_contract import answer_stops
 from magrpo.loading import load_policies
 from magrpo.models import resolve_model
@@ -185,6 +191,35 @@ def summarise(results: dict) -> dict:
     return table
 
 
+def training_side(run_dir: Path, config: MAGRPOConfig, num_items: int | None) -> dict:
+    """What the optimiser did on the data it trains on, from the run's ``metrics.jsonl``: the
+    mean training reward in each third of the run and, when the run visited its prompts more
+    than once (one prompt per step), the paired change of a prompt's training reward from its
+    first visit to its second and third (the prompts replayed in the trainer's own data order).
+    A rise here beside a flat held-out curve means the agents learnt their training prompts and
+    it did not carry over."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rewards = {row["step"]: row["reward/mean"] for row in rows if "reward/mean" in row}
+    steps = sorted(rewards)
+    thirds = [steps[i * len(steps) // 3 : (i + 1) * len(steps) // 3] for i in range(3)]
+    side: dict = {
+        f"reward, steps {part[0]}-{part[-1]}": mean([rewards[s] for s in part])
+        for part in thirds
+        if part
+    }
+    if config.prompts_per_step == 1 and num_items:
+        order, visits = DataOrder(num_items, config.seed), defaultdict(list)
+        for step in range(1, steps[-1] + 1):
+            index, _ = order.next()
+            if step in rewards:
+                visits[index].append(rewards[step])
+        for k in (2, 3):
+            changes = [v[k - 1] - v[0] for v in visits.values() if len(v) >= k]
+            if len(changes) > 1:
+                side[f"reward, visit {k} - visit 1 of a prompt"] = mean(changes)
+    return side
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -247,6 +282,11 @@ def main(argv=None) -> int:
             f"| {name} | {first['value']:.3f} ± {first['se']:.3f} | {row['value']:.3f} ± "
             f"{row['se']:.3f} | {row['change']['value']:+.3f} ± {row['change']['se']:.3f} |"
         )
+    train_env = llm_marl_envs.make(config.env, data=args.data, split=args.train_split)
+    training = training_side(run_dir, config, getattr(train_env, "num_items", None))
+    print("\ntraining side (mean ± SE over steps, or over prompts for a change):")
+    for name, row in training.items():
+        print(f"  {name}: {row['value']:+.3f} ± {row['se']:.3f} (n = {row['n']})")
     seconds.update(train=trained - started, total=time.perf_counter() - started)
     result = {
         "env": env_name,
@@ -259,6 +299,7 @@ def main(argv=None) -> int:
         "seconds": seconds,
         "metrics": list(last),
         "steps": table,
+        "training": training,
         "answers": {str(step): records for step, records in samples.items()},
     }
     write_result(result, out, args.plot, plot)
