@@ -207,7 +207,7 @@ def training_side(run_dir: Path, config: MAGRPOConfig, num_items: int | None) ->
         for part in thirds
         if part
     }
-    if config.prompts_per_step == 1 and num_items:
+    if config.prompts_per_step == 1 and num_items and steps:
         order, visits = DataOrder(num_items, config.seed), defaultdict(list)
         for step in range(1, steps[-1] + 1):
             index, _ = order.next()
