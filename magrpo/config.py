@@ -30,6 +30,11 @@ CPU_HEAP_POLICIES = ("auto", "keep", "release")
 MEMORY_OPTIONS = ("gradient_checkpointing", "reuse_sampled_states", "optimizer_in_backward")
 
 
+def is_positive_int(value: Any) -> bool:
+    """A count such as a group size or a token limit: an int of at least 1 (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 class ConfigError(ValueError):
     """A configuration value a user can fix; the message says what and how."""
 
@@ -387,13 +392,10 @@ class MAGRPOConfig:
             "env_workers",
         )
 
-        def positive_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
         for name in positive:
-            if not positive_int(getattr(self, name)):
+            if not is_positive_int(getattr(self, name)):
                 raise bad(name, getattr(self, name), "a positive integer")
-        if self.max_new_tokens is not None and not positive_int(self.max_new_tokens):
+        if self.max_new_tokens is not None and not is_positive_int(self.max_new_tokens):
             raise bad(
                 "max_new_tokens", self.max_new_tokens, "a positive integer, or null (the env's)"
             )

@@ -9,6 +9,8 @@ from typing import Any
 
 from gymnasium import spaces
 
+from magrpo.config import is_positive_int
+
 logger = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ def answer_budget(env: Any) -> int:
     ["max_tokens"]`` of its agents (one sampler serves them all). An env that declares none
     needs an explicit ``max_new_tokens``: no number fits every task."""
     budgets = [found.get("max_tokens") for found in _answer_formats(env).values()]
-    budgets = [b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0]
+    budgets = [b for b in budgets if is_positive_int(b)]
     if not budgets:
         raise IncompatibleEnvError(
             f"{type(env).__name__} declares no answer budget (metadata['answer_format'][agent]"
