@@ -73,6 +73,11 @@ _WRITING_V1 = (
     "wording is prompt_style='explicit-targets'), and the authors' transition phrases and "
     "stopwords in the coherence and consistency levels"
 )
+_WRITING_V2 = (
+    "the first level also fails for a text that copies more than half of its six-word runs "
+    "word for word from the source (max_copied_share=None restores the paper's reward, which "
+    "pays a pasted source), and the feedback gives each text's copied share"
+)
 _CODING_V1 = (
     "the cooperation bonus is paid only when the helper's own aux, run in a sandbox worker of "
     "its own, returned a value during a passing assert and main binds no aux itself; the "
@@ -86,8 +91,10 @@ _CODING_V2 = (
 )
 #: Retired ids: their successor and what changed.
 RETIRED: dict[str, tuple[str, str]] = {
-    "tldr-v0": ("tldr-v1", _WRITING_V1),
-    "arxiv-v0": ("arxiv-v1", _WRITING_V1),
+    "tldr-v0": ("tldr-v2", f"in v1, {_WRITING_V1}; in v2, {_WRITING_V2}"),
+    "arxiv-v0": ("arxiv-v2", f"in v1, {_WRITING_V1}; in v2, {_WRITING_V2}"),
+    "tldr-v1": ("tldr-v2", _WRITING_V2),
+    "arxiv-v1": ("arxiv-v2", _WRITING_V2),
     "humaneval-v0": ("humaneval-v2", f"in v1, {_CODING_V1}; in v2, {_CODING_V2}"),
     "coophumaneval-v0": ("coophumaneval-v2", f"in v1, {_CODING_V1}; in v2, {_CODING_V2}"),
     "humaneval-v1": ("humaneval-v2", _CODING_V2),
@@ -180,8 +187,8 @@ def make(
         split: the dataset split (writing tasks) or the paper's split (coding tasks: ``train``,
             ``eval``, ``test`` where defined, or ``all``).
         max_turns: the horizon; observations after turn 1 carry feedback.
-        task_options: options of the task: ``prompt_style``, ``min_words``, ``max_words``
-            (writing); ``feedback_failures``, ``sandbox_settings`` (coding).
+        task_options: options of the task: ``prompt_style``, ``min_words``, ``max_words``,
+            ``max_copied_share`` (writing); ``feedback_failures``, ``sandbox_settings`` (coding).
     """
     spec = _REGISTRY[resolve_env_id(env_id)]
     unknown = sorted(set(task_options) - set(spec.task_options))
@@ -208,20 +215,20 @@ CODING_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 for _spec in (
     EnvSpec(
-        "tldr-v1",
+        "tldr-v2",
         "TLDR: a concise and a detailed summary of a Reddit post",
         TldrTask,
         "trl-lib/tldr",
         ("prompt",),
-        task_options=("prompt_style", "min_words", "max_words"),
+        task_options=("prompt_style", "min_words", "max_words", "max_copied_share"),
     ),
     EnvSpec(
-        "arxiv-v1",
+        "arxiv-v2",
         "arXiv: background and methodology parts of an introduction from an abstract",
         ArxivTask,
         "OpenMLRL/arXiv_abstract",
         ("abstract_text",),
-        task_options=("prompt_style", "min_words", "max_words"),
+        task_options=("prompt_style", "min_words", "max_words", "max_copied_share"),
     ),
     EnvSpec(
         "humaneval-v2",

@@ -10,14 +10,14 @@ from pettingzoo.utils.conversions import parallel_to_aec
 import llm_marl_envs
 
 ENV_KWARGS = {
-    "tldr-v1": {"data": DATA / "tldr_sample.jsonl"},
-    "arxiv-v1": {"data": DATA / "arxiv_sample.jsonl"},
+    "tldr-v2": {"data": DATA / "tldr_sample.jsonl"},
+    "arxiv-v2": {"data": DATA / "arxiv_sample.jsonl"},
     "humaneval-v2": {"split": "eval"},
     "coophumaneval-v2": {"data": DATA / "coding_sample.jsonl", "split": "all"},
 }
 
 SAMPLE_ACTIONS = {
-    "tldr-v1": {
+    "tldr-v2": {
         "concise": "The poster's roommate keeps eating her food and denies it every time.",
         "detailed": (
             "The poster shares an apartment with a coworker. However, for two months her "
@@ -26,7 +26,7 @@ SAMPLE_ACTIONS = {
             "without hurting their relationship at work."
         ),
     },
-    "arxiv-v1": {
+    "arxiv-v2": {
         "background": "Teams of models coordinate. " * 30,
         "method": "We train jointly. " * 45,
     },
@@ -61,14 +61,16 @@ def test_unknown_env_id_names_the_known_ones():
 def test_alias_without_version_and_pettingzoo_registry():
     import pettingzoo
 
-    assert llm_marl_envs.resolve_env_id("tldr") == "tldr-v1"
-    env = pettingzoo.make("parallel", "tldr-v1", data=DATA / "tldr_sample.jsonl")
+    assert llm_marl_envs.resolve_env_id("tldr") == "tldr-v2"
+    env = pettingzoo.make("parallel", "tldr-v2", data=DATA / "tldr_sample.jsonl")
     assert env.possible_agents == ["concise", "detailed"]
 
 
 SUCCESSORS = {
-    "tldr-v0": "tldr-v1",
-    "arxiv-v0": "arxiv-v1",
+    "tldr-v0": "tldr-v2",
+    "arxiv-v0": "arxiv-v2",
+    "tldr-v1": "tldr-v2",
+    "arxiv-v1": "arxiv-v2",
     "humaneval-v0": "humaneval-v2",
     "coophumaneval-v0": "coophumaneval-v2",
     "humaneval-v1": "humaneval-v2",
@@ -108,7 +110,7 @@ def test_envs_publish_their_id_and_answer_format(env_id):
     assert type(env).metadata["name"] == "text_parallel_v0"  # the class's stays untouched
 
 
-@pytest.mark.parametrize("env_id", ["tldr-v1", "arxiv-v1"])
+@pytest.mark.parametrize("env_id", ["tldr-v2", "arxiv-v2"])
 def test_writing_budget_stays_within_the_rewards_word_cap(env_id):
     """At one token or more per word, an answer cut at the budget still earns the structure
     level: the default token limit cannot zero the reward by itself."""
@@ -147,7 +149,7 @@ def test_full_episodes_are_deterministic(env_id):
 
 
 def test_same_seed_same_item_and_index_option():
-    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl")
+    env = llm_marl_envs.make("tldr-v2", data=DATA / "tldr_sample.jsonl")
     first, _ = env.reset(seed=3)
     assert env.reset(seed=3)[0] == first
     env.reset(options={"index": 5})
@@ -185,7 +187,7 @@ def test_multi_turn_coding_feedback_and_early_termination():
 
 
 def test_multi_turn_writing_feedback_names_the_failed_level():
-    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl", max_turns=2)
+    env = llm_marl_envs.make("tldr-v2", data=DATA / "tldr_sample.jsonl", max_turns=2)
     env.reset(options={"index": 0})
     observations, rewards, *_, infos = env.step(
         {"concise": "Too short.", "detailed": "Also short."}
@@ -193,7 +195,7 @@ def test_multi_turn_writing_feedback_names_the_failed_level():
     assert rewards["concise"] == 0.0 and infos["concise"]["failed_level"] == "structure"
     assert "'structure' level failed" in observations["detailed"]
     assert "Also short." in observations["detailed"]
-    _, _, _, truncations, _ = env.step(SAMPLE_ACTIONS["tldr-v1"])
+    _, _, _, truncations, _ = env.step(SAMPLE_ACTIONS["tldr-v2"])
     assert all(truncations.values())
 
 
@@ -207,15 +209,15 @@ def test_bad_options_give_clear_errors(tmp_path):
     with pytest.raises(llm_marl_envs.ConfigError, match="split='all'"):
         llm_marl_envs.make("coophumaneval-v2", data=DATA / "coding_sample.jsonl", split="train")
     with pytest.raises(llm_marl_envs.DataUnavailableError, match="does not exist"):
-        llm_marl_envs.make("tldr-v1", data=tmp_path / "missing.jsonl")
+        llm_marl_envs.make("tldr-v2", data=tmp_path / "missing.jsonl")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"title": "no prompt field"}\n')
     with pytest.raises(llm_marl_envs.DataFormatError, match="prompt"):
-        llm_marl_envs.make("tldr-v1", data=broken)
+        llm_marl_envs.make("tldr-v2", data=broken)
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json")
     with pytest.raises(llm_marl_envs.DataFormatError, match="Could not parse"):
-        llm_marl_envs.make("tldr-v1", data=garbage)
+        llm_marl_envs.make("tldr-v2", data=garbage)
 
 
 def test_unreachable_hub_names_dataset_and_data_option(monkeypatch):
@@ -225,7 +227,7 @@ def test_unreachable_hub_names_dataset_and_data_option(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(llm_marl_envs.DataUnavailableError) as caught:
-        llm_marl_envs.make("arxiv-v1", data="OpenMLRL/no-such-dataset-for-tests")
+        llm_marl_envs.make("arxiv-v2", data="OpenMLRL/no-such-dataset-for-tests")
     assert "OpenMLRL/no-such-dataset-for-tests" in str(caught.value)
     assert "data=" in str(caught.value)
 
@@ -237,7 +239,7 @@ def test_save_to_disk_folder_and_parquet(tmp_path):
     table.save_to_disk(str(tmp_path / "folder"))
     table.to_parquet(str(tmp_path / "tldr.parquet"))
     for source in (tmp_path / "folder", tmp_path / "tldr.parquet"):
-        env = llm_marl_envs.make("tldr-v1", data=source)
+        env = llm_marl_envs.make("tldr-v2", data=source)
         assert env.num_items == len(table)
 
 
@@ -245,10 +247,10 @@ def test_folder_of_split_files_selects_the_split(tmp_path):
     lines = (DATA / "tldr_sample.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "train.jsonl").write_text("".join(lines[:8]))
     (tmp_path / "test.jsonl").write_text("".join(lines[8:]))
-    assert llm_marl_envs.make("tldr-v1", data=tmp_path, split="train").num_items == 8
-    assert llm_marl_envs.make("tldr-v1", data=tmp_path, split="test").num_items == len(lines) - 8
+    assert llm_marl_envs.make("tldr-v2", data=tmp_path, split="train").num_items == 8
+    assert llm_marl_envs.make("tldr-v2", data=tmp_path, split="test").num_items == len(lines) - 8
     with pytest.raises(llm_marl_envs.DataUnavailableError, match="has the splits"):
-        llm_marl_envs.make("tldr-v1", data=tmp_path, split="validation")
+        llm_marl_envs.make("tldr-v2", data=tmp_path, split="validation")
 
 
 def test_importing_the_envs_does_not_import_torch():

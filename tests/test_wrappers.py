@@ -33,7 +33,7 @@ def test_split_response_is_lenient_about_headings():
 @pytest.mark.parametrize(
     "env_id,kwargs",
     [
-        ("tldr-v1", {"data": DATA / "tldr_sample.jsonl", "max_turns": 2}),
+        ("tldr-v2", {"data": DATA / "tldr_sample.jsonl", "max_turns": 2}),
         (
             "coophumaneval-v2",
             {"data": DATA / "coding_sample.jsonl", "split": "all", "max_turns": 2},
@@ -47,7 +47,7 @@ def test_gymnasium_view_passes_the_env_checker(env_id, kwargs):
     assert "### " in observation
     _, reward, terminated, truncated, info = env.step(
         GOOD_TLDR
-        if env_id == "tldr-v1"
+        if env_id == "tldr-v2"
         else "### aux\ndef aux(c):\n    return c in 'aeiouAEIOU'"
         "\n### main\ndef count_vowels(t):\n    return sum(aux(c) for c in t)"
     )
@@ -55,12 +55,12 @@ def test_gymnasium_view_passes_the_env_checker(env_id, kwargs):
 
 
 def test_trl_reward_function_scores_each_completion_on_its_own_episode():
-    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl")
+    env = llm_marl_envs.make("tldr-v2", data=DATA / "tldr_sample.jsonl")
     dataset = trl_dataset(env)
     assert len(dataset) == env.num_items and dataset[3]["index"] == 3
     reward = TRLRewardFunction(env)
     scores = reward(prompts=dataset["prompt"][:2], completions=[GOOD_TLDR, "nothing"], index=[0, 1])
-    direct = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl")
+    direct = llm_marl_envs.make("tldr-v2", data=DATA / "tldr_sample.jsonl")
     direct.reset(options={"index": 0})
     expected = direct.step(split_response(GOOD_TLDR, ["concise", "detailed"]))[1]["concise"]
     assert scores == [pytest.approx(expected), 0.0]
@@ -72,7 +72,7 @@ def test_trl_grpo_trainer_runs_on_a_suite_env(tmp_path):
     from magrpo_fixtures import build_tiny_model
 
     model_path = build_tiny_model(tmp_path / "tiny")
-    env = llm_marl_envs.make("tldr-v1", data=DATA / "tldr_sample.jsonl")
+    env = llm_marl_envs.make("tldr-v2", data=DATA / "tldr_sample.jsonl")
     config = trl.GRPOConfig(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=4,

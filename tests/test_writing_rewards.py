@@ -2,17 +2,23 @@
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 
+import llm_marl_envs
+from llm_marl_envs.errors import ConfigError
 from llm_marl_envs.rewards.lexicon import STOPWORDS, TRANSITION_CATEGORIES
 from llm_marl_envs.rewards.text import (
     content_words,
+    copied_share,
     jaccard,
     transition_categories,
     transition_score,
 )
 from llm_marl_envs.rewards.writing import ARXIV_REWARD, TLDR_REWARD, score_writing
+
+DATA = Path(__file__).parent / "data"
 
 
 def _code(number: int) -> str:
@@ -44,7 +50,7 @@ def sized(words: int, chars: int, unique: int, prefix: str) -> str:
 def tldr(length_ratio: float = 2.0, vocab_ratio: float = 2.5) -> dict:
     first = sized(20, 400, 20, "zq")
     second = sized(60, round(400 * length_ratio), round(20 * vocab_ratio), "vk")
-    return score_writing(first, second, TLDR_REWARD).parts
+    return score_writing(first, second, TLDR_REWARD, source="").parts
 
 
 @pytest.mark.parametrize(
@@ -54,7 +60,7 @@ def tldr(length_ratio: float = 2.0, vocab_ratio: float = 2.5) -> dict:
 def test_tldr_structure_bounds(words, passes):
     first = sized(words[0], max(700, 6 * words[0]), min(words[0], 10), "zq")
     second = sized(words[1], 2 * len(first), min(words[1], 25), "vk")
-    parts = score_writing(first, second, TLDR_REWARD).parts
+    parts = score_writing(first, second, TLDR_REWARD, source="").parts
     assert parts["structure"] == (0.5 if passes else 0.0)
     if not passes:
         assert sum(parts.values()) == 0.0
@@ -97,7 +103,7 @@ def test_tldr_vocabulary_ratio_band(ratio, expected):
 def arxiv(length_ratio: float = 1.1, vocab_ratio: float = 1.0) -> dict:
     first = sized(150, 1500, 50, "zq")
     second = sized(150, round(1500 * length_ratio), round(50 * vocab_ratio), "vk")
-    return score_writing(first, second, ARXIV_REWARD).parts
+    return score_writing(first, second, ARXIV_REWARD, source="").parts
 
 
 @pytest.mark.parametrize(
@@ -138,7 +144,8 @@ def test_arxiv_vocabulary_ratio_band(ratio, expected):
 def test_arxiv_structure_bounds(words, passes):
     first = sized(words, 10 * words, 50, "zq")
     second = sized(words, 11 * words, 50, "vk")
-    assert score_writing(first, second, ARXIV_REWARD).parts["structure"] == (0.5 if passes else 0)
+    parts = score_writing(first, second, ARXIV_REWARD, source="").parts
+    assert parts["structure"] == (0.5 if passes else 0)
 
 
 def test_transition_score_counts_categories_whole_words_only():
@@ -205,7 +212,7 @@ def test_style_level_combines_transitions_and_capped_jaccard():
     first = f"Alpha beta gamma delta epsilon zeta eta theta {shared}."
     detailed_words = " ".join(f"word{_code(i)}" for i in range(40))
     second = f"However, {detailed_words} {shared}; therefore, in summary, done."
-    score = score_writing(first, second, TLDR_REWARD)
+    score = score_writing(first, second, TLDR_REWARD, source="")
     assert score.failed_level is None
     overlap = jaccard(
         {w.lower() for w in first.replace(".", "").split()},
@@ -220,3 +227,49 @@ def test_style_level_combines_transitions_and_capped_jaccard():
         total,
         0.5 + score.parts["length"] + score.parts["vocabulary"] + score.parts["coherence"] + 0.6,
     )
+
+
+def test_copied_share_counts_six_word_runs_found_in_the_source():
+    source = "the quick brown fox jumps over the lazy dog near the river bank today"
+    assert copied_share(source, source) == 1.0
+    assert copied_share("An answer in words of its own, nothing taken from it.", source) == 0.0
+    assert copied_share("the quick brown fox", source) == 0.0  # under six words: no run
+    half = "the quick brown fox jumps over the cat who sleeps all day"  # 2 of 7 runs copied
+    assert copied_share(half, source) == pytest.approx(2 / 7)
+
+
+def pasted_source(env_id: str, index: int):
+    """The env, the same env with the paper's reward, and the copying hack: arXiv's two agents
+    both paste the abstract; TLDR's concise agent pastes the post's first 40 words and the
+    detailed one its first 200."""
+    data = DATA / f"{env_id}_sample.jsonl"
+    env = llm_marl_envs.make(env_id, data=data, split="all")
+    reference = llm_marl_envs.make(env_id, data=data, split="all", max_copied_share=None)
+    source = env.task.records[index][env.task.source_field]
+    words = source.split()
+    first, second = env.possible_agents
+    if env_id == "arxiv":
+        return env, reference, {first: source, second: source}
+    return env, reference, {first: " ".join(words[:40]), second: " ".join(words[:200])}
+
+
+@pytest.mark.parametrize("env_id", ["tldr", "arxiv"])
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_pasting_the_source_earns_nothing(env_id, index):
+    """The paper's reward compares the two texts only with each other, so a pasted source
+    earns 2.7-2.8 of 3.0 under it (``max_copied_share=None``); the env's reward pays 0."""
+    env, reference, actions = pasted_source(env_id, index)
+    for scored in (env, reference):
+        scored.reset(options={"index": index})
+    _, paper_rewards, _, _, _ = reference.step(actions)
+    _, rewards, _, _, infos = env.step(actions)
+    assert min(paper_rewards.values()) >= 2.7
+    assert set(rewards.values()) == {0.0}
+    info = next(iter(infos.values()))
+    assert info["failed_level"] == "structure" and info["copied_second"] > 0.5
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "half", float("nan")])
+def test_a_bad_max_copied_share_is_refused(bad):
+    with pytest.raises(ConfigError, match="max_copied_share"):
+        llm_marl_envs.make("tldr", data=DATA / "tldr_sample.jsonl", max_copied_share=bad)

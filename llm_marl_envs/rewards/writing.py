@@ -4,14 +4,23 @@ Four levels are summed in order and a level that scores 0 ends the sum, so the a
 first get the format right (level 1), then the relation between their lengths (2), then their
 vocabularies (3), before style (4) counts at all:
 
-1. structure, 0.5: both texts have a word count within ``word_range``;
+1. structure, 0.5: both texts have a word count within ``word_range`` and are written in the
+   agents' own words: at most ``max_copied_share`` of each text's runs of six words occur
+   word for word in the source (the post or the abstract);
 2. length, up to 1.0: the character ratio second/first inside a trapezoidal band;
 3. vocabulary, up to 0.5: the unique-word ratio second/first inside another band;
 4. coherence, up to 0.4 (transition phrases), and consistency, up to 0.6 (Jaccard overlap of
    content words, saturating at ``jaccard_cap``).
 
-Difference from the reference implementation: transition phrases match whole words only
-("as" no longer matches inside "was"), see ``lexicon.py``.
+Differences from the reference implementation:
+
+- transition phrases match whole words only ("as" no longer matches inside "was"), see
+  ``lexicon.py``;
+- the copy check of level 1. The reference reward compares the two texts with each other,
+  never with the source, so pasting the source scores near the maximum: both arXiv agents
+  pasting the abstract earn 2.8 of 3.0, and on TLDR a "concise" first 40 words and a
+  "detailed" first 200 words of the post earn 2.7-2.8 (tests/test_writing_rewards.py).
+  ``max_copied_share=None`` restores the reference reward.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from dataclasses import dataclass
 
 from .text import (
     content_words,
+    copied_share,
     jaccard,
     ratio,
     transition_categories,
@@ -73,6 +83,9 @@ class WritingRewardSpec:
     vocabulary_band: Band
     jaccard_cap: float
     transitions_in_both: bool  # arXiv scores the joint text, TLDR only the second (detailed) one
+    #: Level 1 fails for a text whose share of six-word runs copied from the source is above
+    #: this; None: no check (the reference reward, which pays a pasted source).
+    max_copied_share: float | None = 0.5
 
 
 TLDR_REWARD = WritingRewardSpec(
@@ -99,13 +112,21 @@ class WritingScore:
     failed_level: str | None  # the level that ended the sum, None when all four counted
 
 
-def score_writing(first: str, second: str, spec: WritingRewardSpec) -> WritingScore:
-    """Score two texts; ``first`` is the shorter role's (concise / background)."""
+def score_writing(first: str, second: str, spec: WritingRewardSpec, *, source: str) -> WritingScore:
+    """Score two texts written from ``source``; ``first`` is the shorter role's (concise /
+    background)."""
     parts = dict.fromkeys(PART_NAMES, 0.0)
     low, high = spec.word_range
     words = (word_count(first), word_count(second))
-    measurements: dict[str, float | int] = {"words_first": words[0], "words_second": words[1]}
-    if not all(low <= count <= high for count in words):
+    copied = (copied_share(first, source), copied_share(second, source))
+    measurements: dict[str, float | int] = {
+        "words_first": words[0],
+        "words_second": words[1],
+        "copied_first": round(copied[0], 6),
+        "copied_second": round(copied[1], 6),
+    }
+    in_own_words = spec.max_copied_share is None or max(copied) <= spec.max_copied_share
+    if not (in_own_words and all(low <= count <= high for count in words)):
         return WritingScore(parts, measurements, "structure")
     parts["structure"] = STRUCTURE_WEIGHT
 
@@ -139,6 +160,11 @@ def writing_feedback(score: WritingScore, spec: WritingRewardSpec, roles: tuple[
         f"Word counts: {first} {m['words_first']}, {second} {m['words_second']} "
         f"(each must be {low}-{high})."
     ]
+    if spec.max_copied_share is not None:
+        lines.append(
+            f"Copied word for word from the source: {first} {m['copied_first']:.0%}, "
+            f"{second} {m['copied_second']:.0%} (each at most {spec.max_copied_share:.0%})."
+        )
     if "length_ratio" in m:
         lines.append(
             f"Length ratio {second}/{first}: {m['length_ratio']:.2f} "

@@ -1,7 +1,7 @@
 """Cooperative writing: two agents write complementary texts about one source document.
 
-TLDR (``tldr-v1``): a Reddit post; ``concise`` writes a short summary, ``detailed`` a longer
-one with richer vocabulary and transitions. arXiv (``arxiv-v1``): a paper abstract;
+TLDR (``tldr-v2``): a Reddit post; ``concise`` writes a short summary, ``detailed`` a longer
+one with richer vocabulary and transitions. arXiv (``arxiv-v2``): a paper abstract;
 ``background`` writes the background and motivation of an introduction, ``method`` its
 methodology and implications. Neither agent sees the other's text; the joint reward
 (``rewards/writing.py``) scores how well the two fit together.
@@ -59,6 +59,7 @@ class WritingTask(Task):
         prompt_style: str = "paper",
         min_words: int | None = None,
         max_words: int | None = None,
+        max_copied_share: float | None = WritingRewardSpec.max_copied_share,
     ):
         super().__init__(records)
         if not isinstance(prompt_style, str) or prompt_style not in self.prompt_styles:
@@ -75,7 +76,17 @@ class WritingTask(Task):
                 f"min_words and max_words must be integers with 0 <= min_words <= max_words, "
                 f"got {low!r} and {high!r}."
             )
-        self.reward_spec = dataclasses.replace(self.reward_spec, word_range=(low, high))
+        if max_copied_share is not None and not (
+            isinstance(max_copied_share, int | float) and 0 <= max_copied_share <= 1
+        ):
+            raise ConfigError(
+                "max_copied_share must be a number from 0 to 1 (the largest share of a text's "
+                "six-word runs that may be copied from the source), or None for the paper's "
+                f"reward, which does not check copying; got {max_copied_share!r}."
+            )
+        self.reward_spec = dataclasses.replace(
+            self.reward_spec, word_range=(low, high), max_copied_share=max_copied_share
+        )
 
     def prompts(self, item: Mapping[str, Any]) -> dict[str, str]:
         source = item[self.source_field].strip()
@@ -87,7 +98,8 @@ class WritingTask(Task):
 
     def evaluate(self, item: Mapping[str, Any], actions: Mapping[str, str]) -> Evaluation:
         first, second = self.roles
-        score = score_writing(actions[first], actions[second], self.reward_spec)
+        source = item[self.source_field]
+        score = score_writing(actions[first], actions[second], self.reward_spec, source=source)
         total = sum(score.parts.values())
         return Evaluation(
             reward_parts=score.parts,
