@@ -39,7 +39,7 @@ def newest_env(results: dict, data: str | None):
 def copied_by_step(results: dict, env) -> dict[str, dict]:
     """Per checkpoint: for each agent, the share of its answers' six-word runs found in its
     prompt; and the joint reward the newest env gives the same answers. Each is the mean ±
-    SE over problems of the per-problem mean."""
+    SE over problems of the per-problem mean, with its paired change from the first step."""
     report = {}
     for step, rows in results["answers"].items():
         per_problem: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -52,10 +52,20 @@ def copied_by_step(results: dict, env) -> dict[str, dict]:
             joint = sum(rewards.values()) / len(rewards)
             per_problem[f"joint reward, {env.metadata['name']}"][row["problem"]].append(joint)
         report[step] = {
-            column: mean([sum(v) / len(v) for v in by_problem.values()])
+            column: {problem: sum(v) / len(v) for problem, v in by_problem.items()}
             for column, by_problem in per_problem.items()
         }
-    return report
+    first = next(iter(report.values()))
+    return {
+        step: {
+            column: {
+                **mean(list(values.values())),
+                "change": mean([v - first[column][problem] for problem, v in values.items()]),
+            }
+            for column, values in columns.items()
+        }
+        for step, columns in report.items()
+    }
 
 
 def main(argv=None) -> None:
@@ -69,12 +79,17 @@ def main(argv=None) -> None:
     columns = list(next(iter(report.values())))
     print(
         f"{results['env']} answers: the share of each agent's {COPY_RUN_WORDS}-word runs "
-        "copied from its prompt, and the newest env's joint reward"
+        "copied from its prompt, and the newest env's joint reward; in brackets the paired "
+        "change from the first step"
     )
     print("| step | " + " | ".join(columns) + " |")
     print("| ---: |" + " ---: |" * len(columns))
     for step, row in report.items():
-        cells = [f"{row[c]['value']:.2f} ± {row[c]['se']:.2f}" for c in columns]
+        cells = [
+            f"{row[c]['value']:.2f} ± {row[c]['se']:.2f} "
+            f"({row[c]['change']['value']:+.2f} ± {row[c]['change']['se']:.2f})"
+            for c in columns
+        ]
         print(f"| {step} | " + " | ".join(cells) + " |")
 
 
