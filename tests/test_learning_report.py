@@ -1,26 +1,16 @@
 """The learning benchmark's training side: the per-prompt pairing of training rewards."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from magrpo.config import MAGRPOConfig
 from magrpo.data_order import DataOrder
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture
-def learning(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("learning", BENCHMARKS / "learning.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("untrained_coding_answers", None)
+def learning(benchmark_script):
+    return benchmark_script("learning")
 
 
 def test_training_rewards_are_paired_by_prompt_across_visits(learning, tmp_path):
