@@ -29,7 +29,9 @@ Metrics: ``joint reward`` (the env's, averaged over agents), ``cut off`` (share 
 that hit ``max_new_tokens``) and the env's reward parts; for coding envs also ``helper defines
 aux``, ``main calls aux`` (main's entry point contains a call ``aux(...)``), ``pass rate``
 (every assert passes) and ``cooperation`` (the helper's ``aux`` ran during at least one
-passing assert, i.e. the cooperation bonus was paid).
+passing assert, i.e. the cooperation bonus was paid); for writing envs also ``copied, <agent>``
+(the share of the agent's six-word runs copied word for word from the source, which the
+reward's first level caps).
 """
 
 from __future__ import annotations
@@ -134,6 +136,10 @@ def evaluate(policies, env, params: SamplingParams, args) -> tuple[dict, list]:
             row["cut off"] = sum(cut.values()) / len(agents)
             if "tests_total" in info:
                 row.update(coding_facts(info))
+            if "copied_first" in info:  # writing envs: how much of each text is the source's
+                first, second = agents
+                row[f"copied, {first}"] = info["copied_first"]
+                row[f"copied, {second}"] = info["copied_second"]
             row.update({f"part {k}": v for k, v in info.get("reward_parts", {}).items()})
             for name, value in row.items():
                 values.setdefault(name, []).append(value)
