@@ -23,7 +23,7 @@ import argparse
 import json
 from collections import defaultdict
 
-from untrained_coding_answers import mean
+from learning import summarise
 
 import llm_marl_envs
 from llm_marl_envs.rewards.text import COPY_RUN_WORDS, copied_share
@@ -52,20 +52,10 @@ def copied_by_step(results: dict, env) -> dict[str, dict]:
             joint = sum(rewards.values()) / len(rewards)
             per_problem[f"joint reward, {env.metadata['name']}"][row["problem"]].append(joint)
         report[step] = {
-            column: {problem: sum(v) / len(v) for problem, v in by_problem.items()}
+            column: [sum(v) / len(v) for v in by_problem.values()]
             for column, by_problem in per_problem.items()
         }
-    first = next(iter(report.values()))
-    return {
-        step: {
-            column: {
-                **mean(list(values.values())),
-                "change": mean([v - first[column][problem] for problem, v in values.items()]),
-            }
-            for column, values in columns.items()
-        }
-        for step, columns in report.items()
-    }
+    return summarise(report)
 
 
 def main(argv=None) -> None:
