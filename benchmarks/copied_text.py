@@ -15,18 +15,43 @@ reports.
 
 A share near 0 is an answer in the agent's own words; near 1, a copy of the prompt. Six words
 in a row are rarely shared by chance: untrained TLDR summaries reach 0.1-0.15.
+
+It also reports a second way to fill a text without summarising: instruction lines, bullets
+that open with an imperative verb like the prompts' own ("- Provide a brief and focused
+summary", "- Offer a few specific examples"). They lengthen a text towards the length level's
+band without saying anything about the post. Per checkpoint: the share of each agent's answers
+with such a line, and the newest env's joint reward once those lines are removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import defaultdict
 
 from learning import summarise
 
 import llm_marl_envs
 from llm_marl_envs.rewards.text import COPY_RUN_WORDS, copied_share
+
+INSTRUCTION_LINE = re.compile(
+    r"\s*[-*•]\s*(provide|be|use|offer|add|specify|include|keep|focus|make|write|avoid|give)\b",
+    re.IGNORECASE,
+)
+
+
+def instruction_lines(text: str) -> list[str]:
+    """The lines of ``text`` that are bullets opening with an imperative verb."""
+    return [line for line in text.splitlines() if INSTRUCTION_LINE.match(line)]
+
+
+def without_instruction_lines(text: str) -> str:
+    """``text`` without its instruction lines; unchanged, whitespace included, if it has none."""
+    if not instruction_lines(text):
+        return text
+    kept = [line for line in text.splitlines() if not INSTRUCTION_LINE.match(line)]
+    return "\n".join(kept).strip()
 
 
 def newest_env(results: dict, data: str | None):
@@ -39,7 +64,9 @@ def newest_env(results: dict, data: str | None):
 def copied_by_step(results: dict, env) -> dict[str, dict]:
     """Per checkpoint: for each agent, the share of its answers' six-word runs found in its
     prompt; and the joint reward the newest env gives the same answers. Each is the mean ±
-    SE over problems of the per-problem mean, with its paired change from the first step."""
+    SE over problems of the per-problem mean, with its paired change from the first step.
+    Also each agent's share of answers with an instruction line, and the joint reward of the
+    same answers without those lines."""
     report = {}
     for step, rows in results["answers"].items():
         per_problem: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -48,14 +75,27 @@ def copied_by_step(results: dict, env) -> dict[str, dict]:
             for agent, text in row["texts"].items():
                 share = copied_share(text, observations[agent])
                 per_problem[agent][row["problem"]].append(share)
-            _, rewards, _, _, _ = env.step(row["texts"])
-            joint = sum(rewards.values()) / len(rewards)
-            per_problem[f"joint reward, {env.metadata['name']}"][row["problem"]].append(joint)
+                has_instructions = float(bool(instruction_lines(text)))
+                per_problem[f"instruction lines, {agent}"][row["problem"]].append(has_instructions)
+            name = env.metadata["name"]
+            per_problem[f"joint reward, {name}"][row["problem"]].append(
+                joint_reward(env, row["problem"], row["texts"])
+            )
+            stripped = {agent: without_instruction_lines(t) for agent, t in row["texts"].items()}
+            per_problem[f"{name} without instruction lines"][row["problem"]].append(
+                joint_reward(env, row["problem"], stripped)
+            )
         report[step] = {
             column: [sum(v) / len(v) for v in by_problem.values()]
             for column, by_problem in per_problem.items()
         }
     return summarise(report)
+
+
+def joint_reward(env, problem: int, texts: dict[str, str]) -> float:
+    env.reset(options={"index": problem})
+    _, rewards, _, _, _ = env.step(texts)
+    return sum(rewards.values()) / len(rewards)
 
 
 def main(argv=None) -> None:
@@ -69,7 +109,8 @@ def main(argv=None) -> None:
     columns = list(next(iter(report.values())))
     print(
         f"{results['env']} answers: the share of each agent's {COPY_RUN_WORDS}-word runs "
-        "copied from its prompt, and the newest env's joint reward; in brackets the paired "
+        "copied from its prompt, the share of its answers with instruction lines, and the "
+        "newest env's joint reward with and without those lines; in brackets the paired "
         "change from the first step"
     )
     print("| step | " + " | ".join(columns) + " |")

@@ -57,5 +57,31 @@ def test_the_report_names_the_columns_and_the_changes(copied_text, tmp_path, cap
     path.write_text(json.dumps(stored_results(texts, texts)))
     copied_text.main([str(path), "--data", str(DATA)])
     out = capsys.readouterr().out
-    assert "| step | concise | detailed | joint reward, tldr-v2 |" in out
+    assert "| step | concise | instruction lines, concise | detailed |" in out
+    assert "| joint reward, tldr-v2 | tldr-v2 without instruction lines |" in out
     assert "| 40 | " in out and "(+0.00 ± 0.00)" in out
+
+
+def test_instruction_lines_are_counted_and_removed_before_rescoring(copied_text):
+    summary = "My roommate keeps eating my food and denies it; how do I raise it calmly?"
+    padded = summary + "\n\n- Provide a brief and focused summary\n- offer a few examples"
+    assert copied_text.instruction_lines(padded) == [
+        "- Provide a brief and focused summary",
+        "- offer a few examples",
+    ]
+    assert copied_text.without_instruction_lines(padded) == summary
+    # a bullet that states a fact, or a word that only starts like a verb, is not an instruction
+    assert copied_text.instruction_lines("- She labelled everything\n- Adding: rice went too") == []
+
+    detailed = "Her roommate eats her food and denies it. " * 6
+    results = stored_results(
+        {"concise": summary, "detailed": detailed}, {"concise": padded, "detailed": detailed}
+    )
+    report = copied_text.copied_by_step(results, copied_text.newest_env(results, str(DATA)))
+    assert report["0"]["instruction lines, concise"]["value"] == 0.0
+    assert report["40"]["instruction lines, concise"]["value"] == 1.0
+    assert report["40"]["instruction lines, detailed"]["value"] == 0.0
+    with_lines = report["40"]["joint reward, tldr-v2"]["value"]
+    without = report["40"]["tldr-v2 without instruction lines"]["value"]
+    assert without == report["0"]["joint reward, tldr-v2"]["value"]
+    assert with_lines != without
