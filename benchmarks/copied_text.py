@@ -48,10 +48,9 @@ def instruction_lines(text: str) -> list[str]:
 
 def without_instruction_lines(text: str) -> str:
     """``text`` without its instruction lines; unchanged, whitespace included, if it has none."""
-    if not instruction_lines(text):
-        return text
-    kept = [line for line in text.splitlines() if not INSTRUCTION_LINE.match(line)]
-    return "\n".join(kept).strip()
+    lines = text.splitlines()
+    kept = [line for line in lines if not INSTRUCTION_LINE.match(line)]
+    return text if len(kept) == len(lines) else "\n".join(kept).strip()
 
 
 def newest_env(results: dict, data: str | None):
@@ -67,6 +66,7 @@ def copied_by_step(results: dict, env) -> dict[str, dict]:
     SE over problems of the per-problem mean, with its paired change from the first step.
     Also each agent's share of answers with an instruction line, and the joint reward of the
     same answers without those lines."""
+    name = env.metadata["name"]
     report = {}
     for step, rows in results["answers"].items():
         per_problem: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -77,14 +77,14 @@ def copied_by_step(results: dict, env) -> dict[str, dict]:
                 per_problem[agent][row["problem"]].append(share)
                 has_instructions = float(bool(instruction_lines(text)))
                 per_problem[f"instruction lines, {agent}"][row["problem"]].append(has_instructions)
-            name = env.metadata["name"]
-            per_problem[f"joint reward, {name}"][row["problem"]].append(
-                joint_reward(env, row["problem"], row["texts"])
-            )
+            joint = joint_reward(env, row["problem"], row["texts"])
             stripped = {agent: without_instruction_lines(t) for agent, t in row["texts"].items()}
-            per_problem[f"{name} without instruction lines"][row["problem"]].append(
-                joint_reward(env, row["problem"], stripped)
-            )
+            if stripped != row["texts"]:
+                joint_stripped = joint_reward(env, row["problem"], stripped)
+            else:
+                joint_stripped = joint
+            per_problem[f"joint reward, {name}"][row["problem"]].append(joint)
+            per_problem[f"{name} without instruction lines"][row["problem"]].append(joint_stripped)
         report[step] = {
             column: [sum(v) / len(v) for v in by_problem.values()]
             for column, by_problem in per_problem.items()
