@@ -130,6 +130,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--max-new-tokens", type=int, default=None, help="default: the trainer's default"
     )
+    p.add_argument("--temperature", type=float, default=None, help="default: the trainer's default")
     p.add_argument("--limit", type=int, default=None, help="only the first N problems")
     p.add_argument("--label", default="", help="free-text tag stored in the JSON")
     p.add_argument(
@@ -160,9 +161,8 @@ def main(argv=None) -> int:
         from magrpo.env_contract import answer_budget
 
         max_new_tokens = answer_budget(env)
-    params = SamplingParams(
-        max_new_tokens, DEFAULTS.temperature, DEFAULTS.top_p, DEFAULTS.top_k, **stop
-    )
+    temperature = args.temperature or DEFAULTS.temperature
+    params = SamplingParams(max_new_tokens, temperature, DEFAULTS.top_p, DEFAULTS.top_k, **stop)
     loaded = time.perf_counter()
 
     roots, answers = sample_problems(policies, env, indices, params, args.samples, args.seed)
@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     flags = {"defines_aux": [], "aux_returns": [], "main_returns": [], "calls_aux": []}
     cut = {agent: [] for agent in agents}
     rewards, parts, records = [], {}, []
+    outcomes = {"all asserts pass": [], "cooperation bonus paid": []}
     for i in indices:
         root = roots[i]
         entry_point = root.item["entry_point"]
@@ -184,7 +185,11 @@ def main(argv=None) -> int:
                     record[name] = value
             _, reward, _, _, infos = copy.deepcopy(root).step(texts)
             rewards.append(sum(reward.values()) / len(reward))
-            for name, value in infos[agents[0]]["reward_parts"].items():
+            info = infos[agents[0]]
+            total = info.get("tests_total", 0)
+            outcomes["all asserts pass"].append(bool(total) and info["tests_passed"] == total)
+            outcomes["cooperation bonus paid"].append(info.get("aux_ran_in_passing_tests", 0) > 0)
+            for name, value in info["reward_parts"].items():
                 parts.setdefault(name, []).append(value)
             record.update(reward=rewards[-1], cut={a: cut[a][-1] for a in agents})
             records.append(record)
@@ -196,12 +201,13 @@ def main(argv=None) -> int:
         "main defines entry point with a return": share(flags["main_returns"]),
         "main calls aux": share(flags["calls_aux"]),
         **{f"{agent} cut off at max_new_tokens": share(cut[agent]) for agent in agents},
+        **{name: share(values) for name, values in outcomes.items()},
         "joint reward": mean(rewards),
         **{f"reward part {name}": mean(values) for name, values in parts.items()},
     }
     print(
         f"\n{args.label or 'run'}: {len(indices)} problems x {args.samples} samples, "
-        f"max_new_tokens {max_new_tokens}\n"
+        f"max_new_tokens {max_new_tokens}, temperature {temperature}\n"
     )
     print("| metric | value | SE | n |\n| --- | ---: | ---: | ---: |")
     for name, m in metrics.items():
