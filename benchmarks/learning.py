@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from untrained_coding_answers import git_commit, mean, sample_problems
+from untrained_coding_answers import git_commit, mean, sample_problems, test_outcomes
 
 import llm_marl_envs
 from magrpo.checkpoint import list_checkpoints, load_checkpoint
@@ -109,12 +109,12 @@ def checkpoints_to_evaluate(run_dir: Path, steps: int, every: int) -> dict[int, 
 
 
 def coding_facts(infos: dict) -> dict[str, float]:
-    total = infos.get("tests_total", 0)
+    outcome = test_outcomes(infos)
     return {
         "helper defines aux": float(bool(infos.get("aux_defined"))),
         "main calls aux": float(bool(infos.get("main_calls_aux"))),
-        "pass rate": float(bool(total) and infos.get("tests_passed", 0) == total),
-        "cooperation": float(infos.get("aux_ran_in_passing_tests", 0) > 0),
+        "pass rate": float(outcome["all asserts pass"]),
+        "cooperation": float(outcome["cooperation bonus paid"]),
     }
 
 

@@ -38,6 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -70,6 +71,16 @@ def analyse(agent: str, text: str, entry_point: str) -> dict[str, bool]:
     return {
         "main_returns": returns_value(main),
         "calls_aux": aux_usage(main.target, HELPER_NAME).calls_aux,
+    }
+
+
+def test_outcomes(info: dict) -> dict[str, bool]:
+    """Whether a joint answer passed every assert, and whether the helper's ``aux`` ran during
+    a passing assert (the cooperation bonus was paid), from the env's ``infos``."""
+    total = info.get("tests_total", 0)
+    return {
+        "all asserts pass": bool(total) and info.get("tests_passed", 0) == total,
+        "cooperation bonus paid": info.get("aux_ran_in_passing_tests", 0) > 0,
     }
 
 
@@ -161,7 +172,7 @@ def main(argv=None) -> int:
         from magrpo.env_contract import answer_budget
 
         max_new_tokens = answer_budget(env)
-    temperature = args.temperature or DEFAULTS.temperature
+    temperature = DEFAULTS.temperature if args.temperature is None else args.temperature
     params = SamplingParams(max_new_tokens, temperature, DEFAULTS.top_p, DEFAULTS.top_k, **stop)
     loaded = time.perf_counter()
 
@@ -171,7 +182,7 @@ def main(argv=None) -> int:
     flags = {"defines_aux": [], "aux_returns": [], "main_returns": [], "calls_aux": []}
     cut = {agent: [] for agent in agents}
     rewards, parts, records = [], {}, []
-    outcomes = {"all asserts pass": [], "cooperation bonus paid": []}
+    outcomes = defaultdict(list)
     for i in indices:
         root = roots[i]
         entry_point = root.item["entry_point"]
@@ -186,9 +197,8 @@ def main(argv=None) -> int:
             _, reward, _, _, infos = copy.deepcopy(root).step(texts)
             rewards.append(sum(reward.values()) / len(reward))
             info = infos[agents[0]]
-            total = info.get("tests_total", 0)
-            outcomes["all asserts pass"].append(bool(total) and info["tests_passed"] == total)
-            outcomes["cooperation bonus paid"].append(info.get("aux_ran_in_passing_tests", 0) > 0)
+            for name, value in test_outcomes(info).items():
+                outcomes[name].append(value)
             for name, value in info["reward_parts"].items():
                 parts.setdefault(name, []).append(value)
             record.update(reward=rewards[-1], cut={a: cut[a][-1] for a in agents})
